@@ -1,0 +1,79 @@
+"""The ``hearthgate`` command: ``serve`` the gateway, ``check`` a settings file, ``bench``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable
+
+from gateway.settings import SettingsError, load_settings
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+
+    overrides: dict[str, object] = {}
+    try:
+        settings = load_settings(args.config)
+        if args.host or args.port:
+            listen = settings.listen.model_dump()
+            listen.update({k: v for k, v in (("host", args.host), ("port", args.port)) if v})
+            overrides["listen"] = listen
+        if overrides:
+            settings = load_settings(args.config, **overrides)
+    except SettingsError as exc:
+        print(f"hearthgate: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    uvicorn.run(
+        create_app(settings),
+        host=settings.listen.host,
+        port=settings.listen.port,
+        log_level=settings.log_level,
+        access_log=settings.access_log,
+        timeout_graceful_shutdown=5,
+    )
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    try:
+        settings = load_settings(args.config)
+    except SettingsError as exc:
+        print(f"hearthgate: {exc}", file=sys.stderr)
+        return 2
+    names = ", ".join(w.name for w in settings.workers)
+    print(f"{args.config}: ok ({len(settings.workers)} workers: {names})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:
+        from loadtests.cli import main as bench_main
+
+        return bench_main(argv[1:])
+    parser = argparse.ArgumentParser(prog="hearthgate", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the gateway")
+    serve.add_argument("--config", required=True, help="settings YAML file")
+    serve.add_argument("--host", help="override listen.host")
+    serve.add_argument("--port", type=int, help="override listen.port")
+    serve.set_defaults(func=_serve)
+    check = sub.add_parser("check", help="validate a settings file and exit")
+    check.add_argument("config", help="settings YAML file")
+    check.set_defaults(func=_check)
+    sub.add_parser("bench", help="load tests (see `hearthgate bench --help`)")
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    return func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

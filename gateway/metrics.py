@@ -1,0 +1,121 @@
+"""Prometheus metrics of one gateway instance, in a registry of its own.
+
+Labels stay bounded: ``route`` is one of the gateway's routes, ``model`` one of the configured
+models (anything else is counted as ``other``), ``status`` an HTTP status code, ``worker`` a
+configured worker name.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Buckets cover a fast local GPU (ms) up to an overloaded CPU worker (tens of seconds).
+_LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+    1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 60.0,
+)  # fmt: skip
+_GAP_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0,
+    2.0,
+)  # fmt: skip
+
+
+class GatewayMetrics:
+    """All metric families, plus a small window of recent latencies for ``/status``."""
+
+    def __init__(self, models: Iterable[str], recent_window: int = 256) -> None:
+        self.registry = CollectorRegistry()
+        self._models = frozenset(models)
+        r = self.registry
+        self.requests = Counter(
+            "hearthgate_requests",
+            "Requests answered, by route, model and HTTP status",
+            ["route", "model", "status"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "hearthgate_ttft_seconds",
+            "Time to first token measured at the gateway (request received to first token sent)",
+            ["route", "model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inter_token = Histogram(
+            "hearthgate_inter_token_seconds",
+            "Gap between consecutive token events relayed to the client",
+            ["route", "model"],
+            buckets=_GAP_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "hearthgate_e2e_seconds",
+            "Request received to last byte sent",
+            ["route", "model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "hearthgate_prompt_tokens",
+            "Prompt tokens of completed requests (from the worker's usage)",
+            ["model"],
+            registry=r,
+        )
+        self.completion_tokens = Counter(
+            "hearthgate_completion_tokens",
+            "Completion tokens of completed requests (from the worker's usage)",
+            ["model"],
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "hearthgate_in_flight",
+            "Requests forwarded to a worker and not yet finished",
+            ["worker"],
+            registry=r,
+        )
+        self.worker_up = Gauge(
+            "hearthgate_worker_up",
+            "1 if the worker's last health check passed, else 0",
+            ["worker"],
+            registry=r,
+        )
+        self.recent_ttft: dict[str, deque[float]] = {}
+        self.recent_e2e: dict[str, deque[float]] = {}
+        self._window = recent_window
+
+    def model_label(self, model: str) -> str:
+        return model if model in self._models else "other"
+
+    def observe_ttft(self, route: str, model: str, seconds: float) -> None:
+        self.ttft.labels(route, self.model_label(model)).observe(seconds)
+        self.recent_ttft.setdefault(route, deque(maxlen=self._window)).append(seconds)
+
+    def observe_e2e(self, route: str, model: str, seconds: float) -> None:
+        self.e2e.labels(route, self.model_label(model)).observe(seconds)
+        self.recent_e2e.setdefault(route, deque(maxlen=self._window)).append(seconds)
+
+    def observe_gaps(self, route: str, model: str, gaps: Iterable[float]) -> None:
+        h = self.inter_token.labels(route, self.model_label(model))
+        for g in gaps:
+            h.observe(g)
+
+    def count(self, route: str, model: str, status: int) -> None:
+        self.requests.labels(route, self.model_label(model), str(status)).inc()
+
+    def tokens(self, model: str, prompt: int, completion: int) -> None:
+        label = self.model_label(model)
+        if prompt:
+            self.prompt_tokens.labels(label).inc(prompt)
+        if completion:
+            self.completion_tokens.labels(label).inc(completion)
+
+
+def percentile(values: Iterable[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100) of ``values``; None when empty."""
+    data = sorted(values)
+    if not data:
+        return None
+    rank = max(1, min(len(data), int(-(-q * len(data) // 100))))
+    return data[rank - 1]
