@@ -47,9 +47,15 @@ async def _generate(request: web.Request) -> web.StreamResponse:
         return web.json_response({"id": "x", "choices": [choice], "usage": usage})
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
+    # Fault injection for tests: drop the connection after this many chunks.
+    break_after = body.get("test_break_after")
     for i in range(n):
         if delay:
             await asyncio.sleep(delay)
+        if break_after is not None and i >= int(break_after):
+            assert request.transport is not None
+            request.transport.close()
+            return resp
         await resp.write(_chunk(i, chat, created))
     if (body.get("stream_options") or {}).get("include_usage"):
         tail = {"id": "x", "object": "chunk", "created": created, "choices": [], "usage": usage}
