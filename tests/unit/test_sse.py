@@ -35,7 +35,7 @@ def test_split_at_any_borders_gives_whole_events(cuts: list[int]) -> None:
 def test_observer_strips_usage_only_when_client_did_not_ask() -> None:
     for strip in (True, False):
         obs = StreamObserver(strip_usage=strip)
-        shown = [e for i, e in enumerate(TOKENS + [USAGE]) if obs.observe(e, float(i))]
+        shown = [e for i, e in enumerate([*TOKENS, USAGE]) if obs.observe(e, float(i))]
         assert (USAGE in shown) is (not strip)
         assert obs.usage == {"prompt_tokens": 3, "completion_tokens": 5}
         assert obs.token_events == 5
