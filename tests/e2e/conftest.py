@@ -1,0 +1,58 @@
+"""Real vLLM CPU workers, started once per test session, and a gateway in front of them.
+
+The generation worker runs on core 0 and the embedding worker on core 1 (VLLM_CPU.md: two
+instances must be pinned to different cores). Both start in parallel (about a minute).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from deploy.vllm_worker import VllmWorker, start_all, stop_all
+from tests.support import RUN_DIR, free_port, gateway
+
+
+@dataclass
+class Workers:
+    gen: VllmWorker
+    embed: VllmWorker
+
+
+@pytest.fixture(scope="session")
+def workers() -> Iterator[Workers]:
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    gp, ep = free_port(), free_port()
+    gen = VllmWorker("gen", gp, 0, RUN_DIR / f"vllm-gen-{gp}.log")
+    emb = VllmWorker("embed", ep, 1, RUN_DIR / f"vllm-embed-{ep}.log")
+    start_all([gen, emb], timeout=300)
+    try:
+        yield Workers(gen, emb)
+    finally:
+        stop_all([gen, emb])
+
+
+@pytest.fixture(scope="session")
+def gen_worker_url(workers: Workers) -> str:
+    return workers.gen.url
+
+
+@pytest.fixture(scope="session")
+def embed_worker_url(workers: Workers) -> str:
+    return workers.embed.url
+
+
+@pytest.fixture(scope="session")
+def gateway_url(workers: Workers) -> Iterator[str]:
+    settings = {
+        "workers": [
+            {"name": "gen0", "url": workers.gen.url, "models": ["tiny-llama"]},
+            {"name": "emb0", "url": workers.embed.url, "models": ["minilm"], "role": "embeddings"},
+        ],
+        "limits": {"max_body_bytes": 200_000},
+        "health": {"interval_s": 0.5, "retry_after_s": 2},
+    }
+    with gateway(settings, name="e2e-gateway") as url:
+        yield url
