@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["bench"]:
         from loadtests.cli import main as bench_main
 
-        return bench_main(argv[1:])
+        code: int = bench_main(argv[1:])
+        return code
     parser = argparse.ArgumentParser(prog="hearthgate", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the gateway")

@@ -1,0 +1,130 @@
+"""``make run``: CPU vLLM workers and the gateway on this machine, until Ctrl-C.
+
+Starts the generation worker (core 0) and the embedding worker (core 1) named in the
+settings file, at the ports their URLs give, then the gateway; prints ready-to-paste
+``curl`` commands; stops everything it started on Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import subprocess
+import sys
+import time
+import types
+import urllib.request
+from urllib.parse import urlparse
+
+from deploy.vllm_worker import REPO_ROOT, Kind, VllmWorker, WorkerError, start_all, stop_all
+from gateway.settings import Settings, SettingsError, load_settings
+
+RUN_DIR = REPO_ROOT / ".run"
+
+
+class _Stop(Exception):
+    pass
+
+
+def _on_signal(signum: int, frame: types.FrameType | None) -> None:
+    raise _Stop(signal.Signals(signum).name)
+
+
+def plan_workers(settings: Settings) -> list[VllmWorker]:
+    """One local vLLM process per configured worker on this host, cores assigned in turn."""
+    workers: list[VllmWorker] = []
+    for i, spec in enumerate(settings.workers):
+        url = urlparse(spec.url)
+        if url.hostname not in ("127.0.0.1", "localhost") or url.port is None:
+            continue  # a remote worker: the user runs it
+        kind: Kind = "embed" if spec.role == "embeddings" else "gen"
+        extra = ["--scheduling-policy", "priority"] if spec.priority_scheduling else []
+        log = RUN_DIR / f"vllm-{spec.name}.log"
+        workers.append(VllmWorker(kind, url.port, i % 2, log, extra))
+    return workers
+
+
+def _curl_examples(host: str, port: int, settings: Settings) -> str:
+    base = f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
+    gen = next((w.models[0] for w in settings.workers if w.role != "embeddings"), None)
+    emb = next((w.models[0] for w in settings.workers if w.role == "embeddings"), None)
+    lines = [f"hearthgate is ready at {base}/v1  (status: {base}/status, metrics: {base}/metrics)"]
+    if gen:
+        lines += [
+            "",
+            "Chat (streaming):",
+            f"  curl -N {base}/v1/chat/completions -H 'Content-Type: application/json' \\",
+            f'    -d \'{{"model": "{gen}", "messages": [{{"role": "user", "content": '
+            '"What is for dinner?"}], "max_tokens": 32, "stream": true}\'',
+        ]
+    if emb:
+        lines += [
+            "",
+            "Embeddings:",
+            f"  curl {base}/v1/embeddings -H 'Content-Type: application/json' \\",
+            f'    -d \'{{"model": "{emb}", "input": ["pasta with tomato sauce"]}}\'',
+        ]
+    lines += ["", "Press Ctrl-C to stop the gateway and the workers."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--config", default=str(REPO_ROOT / "deploy/settings.example.yaml"))
+    args = parser.parse_args(argv)
+    try:
+        settings = load_settings(args.config)
+    except SettingsError as exc:
+        print(f"hearthgate: {exc}", file=sys.stderr)
+        return 2
+    RUN_DIR.mkdir(exist_ok=True)
+    workers = plan_workers(settings)
+    gateway: subprocess.Popen[bytes] | None = None
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _on_signal)
+    try:
+        names = ", ".join(f"{w.kind} on :{w.port} (core {w.core})" for w in workers)
+        print(f"starting vLLM workers: {names}; this takes about a minute", flush=True)
+        print(f"worker logs: {RUN_DIR}/vllm-*.log", flush=True)
+        start_all(workers, timeout=300)
+        cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", args.config]
+        gateway = subprocess.Popen(cmd)
+        port = settings.listen.port
+        deadline = time.monotonic() + 30
+        while True:
+            if gateway.poll() is not None:
+                print("the gateway exited; see its output above", file=sys.stderr)
+                return 1
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    print("the gateway did not become ready in 30 s", file=sys.stderr)
+                    return 1
+                time.sleep(0.2)
+        print("\n" + _curl_examples(settings.listen.host, port, settings) + "\n", flush=True)
+        while gateway.poll() is None and all(w.running for w in workers):
+            time.sleep(0.5)
+        print("a process exited unexpectedly; stopping the rest", file=sys.stderr)
+        return 1
+    except _Stop:
+        print("\nstopping...", flush=True)
+        return 0
+    except WorkerError as exc:
+        print(f"a vLLM worker failed to start:\n{exc}", file=sys.stderr)
+        return 1
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        if gateway is not None and gateway.poll() is None:
+            gateway.terminate()
+            try:
+                gateway.wait(10)
+            except subprocess.TimeoutExpired:
+                gateway.kill()
+        stop_all(workers)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
