@@ -8,6 +8,7 @@ settings file, at the ports their URLs give, then the gateway; prints ready-to-p
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import subprocess
 import sys
@@ -44,16 +45,37 @@ def plan_workers(settings: Settings) -> list[VllmWorker]:
     return workers
 
 
-def _curl_examples(host: str, port: int, settings: Settings) -> str:
+def demo_keys(settings: Settings, environ: dict[str, str]) -> dict[str, str]:
+    """App name -> key; apps whose key variable is unset get a demo key set in ``environ``."""
+    keys: dict[str, str] = {}
+    for app in settings.apps:
+        if app.key_env is None:
+            continue
+        if not environ.get(app.key_env):
+            environ[app.key_env] = f"demo-{app.name}-key"
+        keys[app.name] = environ[app.key_env]
+    return keys
+
+
+def _curl_examples(host: str, port: int, settings: Settings, keys: dict[str, str]) -> str:
     base = f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
     gen = next((w.models[0] for w in settings.workers if w.role != "embeddings"), None)
     emb = next((w.models[0] for w in settings.workers if w.role == "embeddings"), None)
     lines = [f"hearthgate is ready at {base}/v1  (status: {base}/status, metrics: {base}/metrics)"]
+    auth = ""
+    if keys:
+        lines += ["", "App keys (Authorization: Bearer <key>):"]
+        lines += [f"  {name}: {key}" for name, key in keys.items()]
+        chat_app = next(
+            (a.name for a in settings.apps if a.default_class == "chat" and a.name in keys),
+            next(iter(keys)),
+        )
+        auth = f" -H 'Authorization: Bearer {keys[chat_app]}'"
     if gen:
         lines += [
             "",
             "Chat (streaming):",
-            f"  curl -N {base}/v1/chat/completions -H 'Content-Type: application/json' \\",
+            f"  curl -N {base}/v1/chat/completions{auth} -H 'Content-Type: application/json' \\",
             f'    -d \'{{"model": "{gen}", "messages": [{{"role": "user", "content": '
             '"What is for dinner?"}], "max_tokens": 32, "stream": true}\'',
         ]
@@ -61,7 +83,7 @@ def _curl_examples(host: str, port: int, settings: Settings) -> str:
         lines += [
             "",
             "Embeddings:",
-            f"  curl {base}/v1/embeddings -H 'Content-Type: application/json' \\",
+            f"  curl {base}/v1/embeddings{auth} -H 'Content-Type: application/json' \\",
             f'    -d \'{{"model": "{emb}", "input": ["pasta with tomato sauce"]}}\'',
         ]
     lines += ["", "Press Ctrl-C to stop the gateway and the workers."]
@@ -87,8 +109,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"starting vLLM workers: {names}; this takes about a minute", flush=True)
         print(f"worker logs: {RUN_DIR}/vllm-*.log", flush=True)
         start_all(workers, timeout=300)
+        env = dict(os.environ)
+        keys = demo_keys(settings, env)
         cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", args.config]
-        gateway = subprocess.Popen(cmd)
+        gateway = subprocess.Popen(cmd, env=env)
         port = settings.listen.port
         deadline = time.monotonic() + 30
         while True:
@@ -103,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                     print("the gateway did not become ready in 30 s", file=sys.stderr)
                     return 1
                 time.sleep(0.2)
-        print("\n" + _curl_examples(settings.listen.host, port, settings) + "\n", flush=True)
+        print("\n" + _curl_examples(settings.listen.host, port, settings, keys) + "\n", flush=True)
         while gateway.poll() is None and all(w.running for w in workers):
             time.sleep(0.5)
         print("a process exited unexpectedly; stopping the rest", file=sys.stderr)

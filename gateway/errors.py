@@ -31,13 +31,17 @@ class GatewayError(Exception):
 
     status: ClassVar[int] = 500
     type: ClassVar[str] = "internal_error"
-    code: ClassVar[str] = "internal_error"
+    code: str = "internal_error"
     outcome: ClassVar[Outcome] = Outcome.INTERNAL
 
-    def __init__(self, message: str, *, retry_after_s: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, retry_after_s: int | None = None, code: str | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.retry_after_s = retry_after_s
+        if code is not None:
+            self.code = code
 
     def body(self) -> dict[str, object]:
         return {

@@ -8,9 +8,13 @@ configured worker name.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from policies.scheduler import Scheduler
 
 # Buckets cover a fast local GPU (ms) up to an overloaded CPU worker (tens of seconds).
 _LATENCY_BUCKETS = (
@@ -26,9 +30,17 @@ _GAP_BUCKETS = (
 class GatewayMetrics:
     """All metric families, plus a small window of recent latencies for ``/status``."""
 
-    def __init__(self, models: Iterable[str], recent_window: int = 256) -> None:
+    def __init__(
+        self,
+        models: Iterable[str],
+        recent_window: int = 256,
+        classes: Iterable[str] = (),
+        apps: Iterable[str] = (),
+    ) -> None:
         self.registry = CollectorRegistry()
         self._models = frozenset(models)
+        self._classes = frozenset(classes)
+        self._apps = frozenset(apps)
         r = self.registry
         self.requests = Counter(
             "hearthgate_requests",
@@ -81,12 +93,57 @@ class GatewayMetrics:
             ["worker"],
             registry=r,
         )
+        self.queue_wait = Histogram(
+            "hearthgate_queue_wait_seconds",
+            "Time a request waited in its class queue before admission",
+            ["cls"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.admitted = Counter(
+            "hearthgate_admitted",
+            "Requests admitted to a worker, by class and app",
+            ["cls", "app"],
+            registry=r,
+        )
+        self.rejected = Counter(
+            "hearthgate_rejected",
+            "Requests refused by the gateway, by class and reason",
+            ["cls", "reason"],
+            registry=r,
+        )
+        self.class_ttft = Histogram(
+            "hearthgate_class_ttft_seconds",
+            "Time to first token by request class (queue wait included)",
+            ["cls"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.slo = Counter(
+            "hearthgate_slo",
+            "Finished streaming requests that met (or missed) their class targets; target is "
+            "ttft, itl (mean gap between token events) or both",
+            ["cls", "target", "result"],
+            registry=r,
+        )
+        self.class_tokens = Counter(
+            "hearthgate_tokens",
+            "Tokens served, by class, app and kind (prompt or completion)",
+            ["cls", "app", "kind"],
+            registry=r,
+        )
         self.recent_ttft: dict[str, deque[float]] = {}
         self.recent_e2e: dict[str, deque[float]] = {}
         self._window = recent_window
 
     def model_label(self, model: str) -> str:
         return model if model in self._models else "other"
+
+    def class_label(self, cls: str) -> str:
+        return cls if cls in self._classes else "other"
+
+    def app_label(self, app: str) -> str:
+        return app if app in self._apps else "other"
 
     def observe_ttft(self, route: str, model: str, seconds: float) -> None:
         self.ttft.labels(route, self.model_label(model)).observe(seconds)
@@ -119,3 +176,46 @@ def percentile(values: Iterable[float], q: float) -> float | None:
         return None
     rank = max(1, min(len(data), int(-(-q * len(data) // 100))))
     return data[rank - 1]
+
+
+class SchedulerCollector(Collector):
+    """Gauges read from the scheduler at scrape time: queues, tenant counters, budgets."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._scheduler = scheduler
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._scheduler
+        depth = GaugeMetricFamily(
+            "hearthgate_queue_depth", "Requests waiting in each class queue", labels=["cls"]
+        )
+        tokens = GaugeMetricFamily(
+            "hearthgate_queued_tokens",
+            "Prompt-token estimates waiting in each class queue",
+            labels=["cls"],
+        )
+        for cls, st in s.queue_stats().items():
+            depth.add_metric([cls], st.depth)
+            tokens.add_metric([cls], st.tokens)
+        vtc = GaugeMetricFamily(
+            "hearthgate_tenant_counter",
+            "Fair-share counter of each app in each class (weighted tokens served)",
+            labels=["cls", "app"],
+        )
+        for cls, tenants in s.tenant_counters().items():
+            for app, value in tenants.items():
+                vtc.add_metric([cls, app], value)
+        slots = GaugeMetricFamily(
+            "hearthgate_worker_admitted",
+            "Requests the scheduler admitted to each worker and not yet finished",
+            labels=["worker"],
+        )
+        prefill = GaugeMetricFamily(
+            "hearthgate_worker_prefill_tokens",
+            "Prompt tokens admitted to each worker whose first token has not arrived",
+            labels=["worker"],
+        )
+        for name, u in s.worker_usage().items():
+            slots.add_metric([name], u.in_flight)
+            prefill.add_metric([name], u.prefill_tokens)
+        yield from (depth, tokens, vtc, slots, prefill)

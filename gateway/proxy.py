@@ -12,20 +12,15 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import aiohttp
 import anyio
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from gateway.errors import (
-    GatewayError,
-    NoWorkerAvailable,
-    UpstreamFailed,
-    sse_error_event,
-)
-from gateway.metrics import GatewayMetrics
+from gateway.errors import GatewayError, UpstreamFailed, sse_error_event
 from gateway.parse import ParsedRequest
 from gateway.settings import Settings
 from gateway.sse import SseSplitter, StreamObserver
@@ -70,6 +65,33 @@ class RelayResponse(StreamingResponse):
                 await aclose()
 
 
+class TicketHooks(Protocol):
+    """What the proxy reports about an admitted request (see gateway.admission.Ticket)."""
+
+    def first_token(self) -> None: ...
+
+    def progress(self, output_tokens_so_far: int) -> None: ...
+
+    def finish(self, prompt_tokens: int | None, output_tokens: int | None) -> None: ...
+
+
+class WorkerUnreachable(Exception):
+    """The worker refused or dropped the connection before answering; safe to retry."""
+
+
+@dataclass
+class Result:
+    """How one forwarded request went, for metrics and SLO accounting."""
+
+    status: int
+    ttft_s: float | None = None
+    gaps: list[float] = field(default_factory=list)
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    e2e_s: float | None = None
+    completed: bool = False
+
+
 class Proxy:
     """Sends parsed requests to workers; owns nothing but references to shared parts."""
 
@@ -77,13 +99,11 @@ class Proxy:
         self,
         session: aiohttp.ClientSession,
         pool: WorkerPool,
-        metrics: GatewayMetrics,
         settings: Settings,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._session = session
         self._pool = pool
-        self._metrics = metrics
         self._settings = settings
         self._clock = clock
         self._timeout = aiohttp.ClientTimeout(
@@ -92,59 +112,52 @@ class Proxy:
             sock_read=settings.upstream.read_timeout_s,
         )
 
-    def _upstream_body(self, parsed: ParsedRequest, worker: WorkerState) -> bytes:
+    @staticmethod
+    def upstream_body(parsed: ParsedRequest, worker: WorkerState, priority: int | None) -> bytes:
         body: dict[str, Any] = dict(parsed.body)
         if parsed.stream and not parsed.wants_usage:
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-        if not worker.spec.priority_scheduling:
-            # vLLM refuses a priority unless it runs --scheduling-policy priority.
+        if worker.spec.priority_scheduling and priority is not None:
+            body["priority"] = priority  # vLLM: lower runs first
+        else:
+            # The gateway orders the work; vLLM's priority only applies where it is enabled.
             body.pop("priority", None)
         return json.dumps(body).encode()
 
-    async def forward(self, route: str, parsed: ParsedRequest, received_at: float) -> Response:
-        """Send ``parsed`` to a worker; retry once elsewhere if the connection fails."""
-        tried: set[str] = set()
-        last_error = "no worker is up for this model"
-        for _ in range(2):
-            worker = self._pool.pick(parsed.model, exclude=tried)
-            if worker is None:
-                break
-            tried.add(worker.name)
-            self._pool.acquire(worker)
-            try:
-                resp = await self._session.post(
-                    worker.spec.url + _PATHS[parsed.endpoint],
-                    data=self._upstream_body(parsed, worker),
-                    headers=_JSON,
-                    timeout=self._timeout,
-                )
-            except _CONNECT_ERRORS as exc:
-                self._pool.release(worker)
-                self._pool.mark_down(worker, f"{type(exc).__name__}: {exc}")
-                last_error = f"worker {worker.name} is unreachable"
-                continue
-            except TimeoutError:
-                self._pool.release(worker)
-                raise UpstreamFailed(f"worker {worker.name} did not answer in time") from None
-            except BaseException:
-                self._pool.release(worker)
-                raise
-            return await self._respond(route, parsed, worker, resp, received_at)
-        raise NoWorkerAvailable(
-            f"{last_error}; try again shortly",
-            retry_after_s=self._settings.health.retry_after_s,
-        )
-
-    async def _respond(
+    async def forward(
         self,
         route: str,
         parsed: ParsedRequest,
         worker: WorkerState,
-        resp: aiohttp.ClientResponse,
+        ticket: TicketHooks,
         received_at: float,
+        done: Callable[[Result], None],
+        priority: int | None = None,
     ) -> Response:
+        """Send ``parsed`` to ``worker``; ``ticket`` hears progress and the finish (exactly
+        once), ``done`` the result. Raises WorkerUnreachable before anything was sent back."""
+        self._pool.acquire(worker)
+        try:
+            resp = await self._session.post(
+                worker.spec.url + _PATHS[parsed.endpoint],
+                data=self.upstream_body(parsed, worker, priority),
+                headers=_JSON,
+                timeout=self._timeout,
+            )
+        except _CONNECT_ERRORS as exc:
+            self._pool.release(worker)
+            ticket.finish(0, 0)
+            self._pool.mark_down(worker, f"{type(exc).__name__}: {exc}")
+            raise WorkerUnreachable(worker.name) from None
+        except BaseException as exc:
+            self._pool.release(worker)
+            ticket.finish(0, 0)
+            if isinstance(exc, TimeoutError):
+                raise UpstreamFailed(f"worker {worker.name} did not answer in time") from None
+            raise
         headers = {"x-hearthgate-worker": worker.name}
         if resp.status != 200 or not parsed.stream:
+            result = Result(resp.status)
             try:
                 content = await resp.read()
             except (aiohttp.ClientError, TimeoutError) as exc:
@@ -154,60 +167,62 @@ class Proxy:
             finally:
                 resp.release()
                 self._pool.release(worker)
-            if resp.status == 200:
-                self._account_plain(route, parsed, content, received_at)
-            self._metrics.count(route, parsed.model, resp.status)
+                if resp.status == 200:
+                    self._read_usage(content, result)
+                    result.completed = True
+                    result.e2e_s = self._clock() - received_at
+                ticket.finish(result.prompt_tokens or 0, result.completion_tokens or 0)
+                done(result)
             return Response(
                 content=content,
                 status_code=resp.status,
                 headers=headers,
                 media_type=resp.headers.get("Content-Type", "application/json"),
             )
-        self._metrics.count(route, parsed.model, 200)
         return RelayResponse(
-            self._relay(route, parsed, worker, resp, received_at),
+            self._relay(parsed, worker, ticket, resp, received_at, done),
             media_type="text/event-stream",
             headers={**headers, "Cache-Control": "no-cache"},
         )
 
-    def _account_plain(
-        self, route: str, parsed: ParsedRequest, content: bytes, received_at: float
-    ) -> None:
-        elapsed = self._clock() - received_at
-        self._metrics.observe_e2e(route, parsed.model, elapsed)
+    @staticmethod
+    def _read_usage(content: bytes, result: Result) -> None:
         try:
             usage = json.loads(content).get("usage") or {}
         except (ValueError, AttributeError):
             return
-        self._metrics.tokens(
-            parsed.model,
-            int(usage.get("prompt_tokens") or 0),
-            int(usage.get("completion_tokens") or 0),
-        )
+        result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        result.completion_tokens = int(usage.get("completion_tokens") or 0)
 
     async def _relay(
         self,
-        route: str,
         parsed: ParsedRequest,
         worker: WorkerState,
+        ticket: TicketHooks,
         resp: aiohttp.ClientResponse,
         received_at: float,
+        done: Callable[[Result], None],
     ) -> AsyncIterator[bytes]:
         splitter = SseSplitter()
         obs = StreamObserver(strip_usage=not parsed.wants_usage)
         clock = self._clock
-        finished = False
+        result = Result(200)
         try:
             try:
                 async for chunk in resp.content.iter_any():
                     now = clock()
+                    seen = obs.token_events
                     out = [e for e in splitter.feed(chunk) if obs.observe(e, now)]
+                    if obs.token_events != seen:
+                        if not seen:
+                            ticket.first_token()
+                        ticket.progress(obs.token_events)
                     if out:
                         yield out[0] if len(out) == 1 else b"".join(out)
                 rest = splitter.rest()
                 if rest.strip():
                     yield rest
-                finished = True
+                result.completed = obs.error is None
             except (aiohttp.ClientError, TimeoutError) as exc:
                 err: GatewayError = UpstreamFailed(
                     f"worker {worker.name} failed mid-stream: {type(exc).__name__}"
@@ -219,25 +234,15 @@ class Proxy:
             # Bookkeeping first and synchronous, so it happens exactly once on every path.
             resp.close()
             self._pool.release(worker)
-            self._account_stream(route, parsed, obs, received_at, finished)
-
-    def _account_stream(
-        self,
-        route: str,
-        parsed: ParsedRequest,
-        obs: StreamObserver,
-        received_at: float,
-        finished: bool,
-    ) -> None:
-        m = self._metrics
-        if obs.first_token_at is not None:
-            m.observe_ttft(route, parsed.model, obs.first_token_at - received_at)
-            m.observe_gaps(route, parsed.model, obs.gaps)
-        if finished:
-            m.observe_e2e(route, parsed.model, self._clock() - received_at)
-        if obs.usage is not None:
-            m.tokens(
-                parsed.model,
-                int(obs.usage.get("prompt_tokens") or 0),
-                int(obs.usage.get("completion_tokens") or 0),
-            )
+            usage = obs.usage or {}
+            result.prompt_tokens = usage.get("prompt_tokens")
+            result.completion_tokens = usage.get("completion_tokens")
+            if result.completion_tokens is None and obs.token_events:
+                result.completion_tokens = obs.token_events  # cut short: what was streamed
+            ticket.finish(result.prompt_tokens, result.completion_tokens)
+            if obs.first_token_at is not None:
+                result.ttft_s = obs.first_token_at - received_at
+            result.gaps = obs.gaps
+            if result.completed:
+                result.e2e_s = clock() - received_at
+            done(result)

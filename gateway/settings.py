@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 
@@ -42,17 +49,33 @@ class Health(_Strict):
     interval_s: float = Field(1.0, gt=0)
     timeout_s: float = Field(1.0, gt=0)
     retry_after_s: int = Field(2, ge=1)
+    scrape_metrics: bool = True  # read vllm:num_requests_waiting and KV usage each interval
 
 
 WorkerRole = Literal["general", "long_prefill", "embeddings"]
+Endpoint = Literal["chat", "completions", "embeddings"]
+_NAME = r"^[A-Za-z0-9_.-]+$"
+
+
+class WorkerLimits(_Strict):
+    """Admission budgets for one worker (see policies.types.WorkerBudget); None = unlimited."""
+
+    max_in_flight: int | None = Field(None, ge=1)
+    max_in_flight_per_class: dict[str, int] = Field(default_factory=dict)
+    prefill_token_budget: int | None = Field(None, ge=1)
+    interactive_reserved_slots: int = Field(0, ge=0)
+    interactive_reserved_prefill_tokens: int = Field(0, ge=0)
+    max_scraped_waiting: float | None = Field(None, ge=0)
+    max_kv_usage: float | None = Field(None, ge=0, le=1)
 
 
 class Worker(_Strict):
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str = Field(min_length=1, pattern=_NAME)
     url: str
     models: list[str] = Field(min_length=1)
     role: WorkerRole = "general"
     priority_scheduling: bool = False
+    limits: WorkerLimits = WorkerLimits()
 
     @field_validator("url")
     @classmethod
@@ -64,6 +87,74 @@ class Worker(_Strict):
 
 class Metrics(_Strict):
     recent_window: int = Field(256, ge=1)
+
+
+class RequestClass(_Strict):
+    """One request class: its band, latency targets, starvation guard and queue limits."""
+
+    priority: int = Field(ge=0)  # lower number = higher band; also sent to vLLM as priority
+    interactive: bool = False
+    ttft_ms: float | None = Field(None, gt=0)
+    itl_ms: float | None = Field(None, gt=0)
+    min_share: float | None = Field(None, gt=0, le=1)
+    max_wait_ms: float | None = Field(None, gt=0)
+    max_queue: int | None = Field(1024, ge=1)
+    max_queued_tokens: int | None = Field(None, ge=1)
+    queue_timeout_ms: float | None = Field(None, gt=0)
+    ordering: Literal["fcfs", "edf"] = "fcfs"
+    fair_share: Literal["vtc", "fcfs"] = "vtc"
+
+
+def _default_classes() -> dict[str, RequestClass]:
+    return {
+        "voice": RequestClass(
+            priority=0, interactive=True, ttft_ms=300, itl_ms=50, max_wait_ms=2000
+        ),
+        "chat": RequestClass(priority=1, interactive=True, ttft_ms=800, itl_ms=80),
+        "rag": RequestClass(priority=2, ttft_ms=3000, itl_ms=150),
+        "embed": RequestClass(priority=3),
+        "batch": RequestClass(priority=4, min_share=0.05),
+    }
+
+
+class App(_Strict):
+    """A client app, recognised by its API key (read from the environment variable named)."""
+
+    name: str = Field(min_length=1, pattern=_NAME)
+    key_env: str | None = None
+    default_class: str | None = None
+    weight: float = Field(1.0, gt=0)
+    may_choose_class: bool = False
+
+
+class Rule(_Strict):
+    """Classification rule; every condition given must hold. The first matching rule wins."""
+
+    endpoint: Endpoint | None = None
+    model: str | None = None
+    stream: bool | None = None
+    min_prompt_tokens: int | None = Field(None, ge=0)
+    max_prompt_tokens: int | None = Field(None, ge=0)
+    min_max_tokens: int | None = Field(None, ge=0)
+    max_max_tokens: int | None = Field(None, ge=0)
+    class_: str = Field(alias="class")
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class Tokens(_Strict):
+    """How prompt tokens are estimated before a request is admitted."""
+
+    chars_per_token: float = Field(4.0, gt=0)  # heuristic: characters / this, rounded up
+    use_worker_tokenizer: bool = False  # ask the worker's /tokenize for long prompts
+    tokenizer_min_chars: int = Field(2000, ge=0)  # shorter prompts use the heuristic only
+    default_max_tokens: int = Field(256, ge=1)  # assumed output when the client sets none
+
+
+class Scheduler(_Strict):
+    w_in: float = Field(1.0, ge=0)
+    w_out: float = Field(2.0, ge=0)
+    tick_ms: float = Field(50.0, gt=0)  # the ticker that enforces queue timeouts
 
 
 class Settings(BaseSettings):
@@ -84,6 +175,12 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     access_log: bool = False
     workers: list[Worker] = Field(min_length=1)
+    classes: dict[str, RequestClass] = Field(default_factory=_default_classes)
+    default_class: str = "chat"
+    apps: list[App] = Field(default_factory=list)
+    rules: list[Rule] = Field(default_factory=lambda: [Rule(endpoint="embeddings", class_="embed")])
+    tokens: Tokens = Tokens()
+    scheduler: Scheduler = Scheduler()
 
     @field_validator("workers")
     @classmethod
@@ -93,6 +190,31 @@ class Settings(BaseSettings):
         if dup:
             raise ValueError(f"worker names must be unique, repeated: {', '.join(dup)}")
         return v
+
+    @model_validator(mode="after")
+    def _classes_exist(self) -> Settings:
+        known = set(self.classes)
+        problems = []
+        if self.default_class not in known:
+            problems.append(f"default_class: unknown class {self.default_class!r}")
+        for i, app in enumerate(self.apps):
+            if app.default_class is not None and app.default_class not in known:
+                problems.append(f"apps.{i}.default_class: unknown class {app.default_class!r}")
+        for i, rule in enumerate(self.rules):
+            if rule.class_ not in known:
+                problems.append(f"rules.{i}.class: unknown class {rule.class_!r}")
+        for w in self.workers:
+            for cls in w.limits.max_in_flight_per_class:
+                if cls not in known:
+                    problems.append(
+                        f"workers.{w.name}.limits.max_in_flight_per_class: unknown class {cls!r}"
+                    )
+        names = [a.name for a in self.apps]
+        if len(set(names)) != len(names):
+            problems.append("apps: app names must be unique")
+        if problems:
+            raise ValueError("; ".join(problems) + f" (classes: {', '.join(sorted(known))})")
+        return self
 
     @classmethod
     def settings_customise_sources(

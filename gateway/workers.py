@@ -10,9 +10,12 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.metrics import GatewayMetrics
+from gateway.scheduling import worker_budget
 from gateway.settings import Health, Worker
+from policies.types import WorkerSnapshot
 
 log = logging.getLogger("hearthgate.workers")
 
@@ -28,10 +31,35 @@ class WorkerState:
     last_error: str | None = None
     consecutive_failures: int = 0
     served: int = field(default=0)
+    scraped_waiting: float | None = None  # None: unknown (never scraped, or stale)
+    kv_usage: float | None = None
+    gauges: dict[str, float] = field(default_factory=dict)
+    scraped_at: float | None = None
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+
+_GAUGES = {
+    "vllm:num_requests_waiting",
+    "vllm:num_requests_running",
+    "vllm:kv_cache_usage_perc",
+    "vllm:num_preemptions",
+}
+
+
+def parse_vllm_gauges(text: str) -> dict[str, float]:
+    """The vLLM gauges the scheduler uses, summed over engines, from a /metrics page."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name not in _GAUGES:
+            continue
+        for sample in family.samples:
+            if sample.name in (family.name, family.name + "_total"):
+                key = family.name if family.type != "counter" else family.name + "_total"
+                out[key] = out.get(key, 0.0) + sample.value
+    return out
 
 
 class WorkerPool:
@@ -49,6 +77,9 @@ class WorkerPool:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.workers = [WorkerState(w) for w in workers]
+        self.by_name = {w.name: w for w in self.workers}
+        self._budgets = {w.name: worker_budget(w.limits) for w in workers}
+        self.on_change: Callable[[], None] | None = None  # health changed: re-run admission
         self._health = health
         self._metrics = metrics
         self._clock = clock
@@ -69,6 +100,19 @@ class WorkerPool:
             return None
         return min(candidates, key=lambda w: (w.in_flight, w.name))
 
+    def snapshots(self) -> list[WorkerSnapshot]:
+        """What the scheduler needs to know of each worker now."""
+        return [
+            WorkerSnapshot(
+                name=w.name,
+                healthy=w.up is not False,
+                limits=self._budgets[w.name],
+                scraped_waiting=w.scraped_waiting,
+                kv_usage=w.kv_usage,
+            )
+            for w in self.workers
+        ]
+
     def mark_down(self, worker: WorkerState, reason: str) -> None:
         if worker.up is not False:
             log.warning("worker %s marked down: %s", worker.name, reason)
@@ -77,12 +121,15 @@ class WorkerPool:
         self._metrics.worker_up.labels(worker.name).set(0)
 
     def _mark_up(self, worker: WorkerState) -> None:
-        if worker.up is not True:
+        changed = worker.up is not True
+        if changed:
             log.info("worker %s is up", worker.name)
         worker.up = True
         worker.last_error = None
         worker.consecutive_failures = 0
         self._metrics.worker_up.labels(worker.name).set(1)
+        if changed and self.on_change is not None:
+            self.on_change()
 
     def acquire(self, worker: WorkerState) -> None:
         worker.in_flight += 1
@@ -110,8 +157,35 @@ class WorkerPool:
             self.mark_down(worker, reason)
         return ok
 
+    async def scrape(self, session: aiohttp.ClientSession, worker: WorkerState) -> None:
+        """Read the worker's vLLM gauges; on any failure the old values age out."""
+        timeout = aiohttp.ClientTimeout(total=self._health.timeout_s)
+        try:
+            async with session.get(worker.spec.url + "/metrics", timeout=timeout) as resp:
+                if resp.status != 200:
+                    return
+                text = await resp.text()
+        except (aiohttp.ClientError, TimeoutError, OSError, UnicodeDecodeError):
+            return
+        # The parser is pure Python; a thread keeps a large page from stalling relays.
+        gauges = await asyncio.to_thread(parse_vllm_gauges, text)
+        worker.gauges = gauges
+        worker.scraped_at = self._clock()
+
+    def refresh_gauges(self) -> None:
+        """Expose scraped values to the scheduler only while they are fresh."""
+        stale_after = 3 * self._health.interval_s
+        now = self._clock()
+        for w in self.workers:
+            fresh = w.scraped_at is not None and now - w.scraped_at <= stale_after
+            w.scraped_waiting = w.gauges.get("vllm:num_requests_waiting") if fresh else None
+            w.kv_usage = w.gauges.get("vllm:kv_cache_usage_perc") if fresh else None
+
     async def check_all(self, session: aiohttp.ClientSession) -> None:
         await asyncio.gather(*(self.check(session, w) for w in self.workers))
+        if self._health.scrape_metrics:
+            await asyncio.gather(*(self.scrape(session, w) for w in self.workers if w.up))
+        self.refresh_gauges()
 
     async def _loop(self, session: aiohttp.ClientSession) -> None:
         while True:
@@ -144,6 +218,10 @@ class WorkerPool:
                 "served": w.served,
                 "last_check_age_s": None if w.last_check is None else round(now - w.last_check, 3),
                 "last_error": w.last_error,
+                "scraped": dict(w.gauges),
+                "scraped_age_s": None
+                if w.scraped_at is None
+                else round(now - w.scraped_at, 3),
             }
             for w in self.workers
         ]

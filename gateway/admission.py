@@ -1,0 +1,247 @@
+"""The admission controller: the one async wrapper around the pure scheduler.
+
+A request is enqueued and waits (cancellably) until the scheduler admits it to a worker.
+Every event that can free capacity (a first token, a finish, a worker snapshot change, the
+ticker) re-runs ``admit``. Queue timeouts are enforced by one ticker task, not a timer per
+request. What was admitted is released exactly once through its :class:`Ticket`, whatever
+way the request ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.errors import GatewayError, NoWorkerAvailable, RateLimited
+from policies.scheduler import Scheduler
+from policies.types import QueuedRequest, WorkerSnapshot
+
+log = logging.getLogger("hearthgate.admission")
+
+
+class DrainRate:
+    """Requests of each class finished per second over a sliding window (for Retry-After)."""
+
+    def __init__(self, window_s: float = 30.0) -> None:
+        self._window = window_s
+        self._ends: dict[str, deque[float]] = {}
+
+    def record(self, cls: str, now: float) -> None:
+        self._ends.setdefault(cls, deque()).append(now)
+
+    def rate(self, cls: str, now: float) -> float:
+        ends = self._ends.get(cls)
+        if not ends:
+            return 0.0
+        while ends and ends[0] < now - self._window:
+            ends.popleft()
+        return len(ends) / self._window
+
+    def retry_after(self, cls: str, queued: int, now: float, fallback_s: int = 5) -> int:
+        """Seconds until the queue ahead should have drained: depth / rate, at least 1."""
+        r = self.rate(cls, now)
+        if r <= 0:
+            return fallback_s
+        return max(1, min(300, math.ceil(queued / r)))
+
+
+@dataclass
+class Ticket:
+    """An admitted request: which worker it goes to, and the hooks that report progress."""
+
+    request: QueuedRequest
+    worker: str
+    admitted_at: float
+    _controller: AdmissionController
+    _finished: bool = field(default=False)
+    _first_token_seen: bool = field(default=False)
+
+    def first_token(self) -> None:
+        if not self._first_token_seen:
+            self._first_token_seen = True
+            if self._controller.scheduler.on_first_token(self.request.id, self._now()):
+                self._controller.pump()
+
+    def progress(self, output_tokens_so_far: int) -> None:
+        self._controller.scheduler.on_progress(self.request.id, output_tokens_so_far, self._now())
+
+    def finish(self, prompt_tokens: int | None, output_tokens: int | None) -> None:
+        """Release the slot and budgets (idempotent); correct the charge to actual counts."""
+        if self._finished:
+            return
+        self._finished = True
+        c = self._controller
+        now = self._now()
+        c.scheduler.on_finish(self.request.id, prompt_tokens, output_tokens, now)
+        c.drain.record(self.request.cls, now)
+        c.pump()
+
+    def _now(self) -> float:
+        return self._controller.clock()
+
+
+class AdmissionController:
+    """Queues requests in the scheduler and wakes each one when it is admitted."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        snapshots: Callable[[], Sequence[WorkerSnapshot]],
+        clock: Callable[[], float] = time.monotonic,
+        tick_s: float = 0.05,
+        on_admit: Callable[[QueuedRequest, float], None] | None = None,
+        on_reject: Callable[[QueuedRequest, str], None] | None = None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.clock = clock
+        self.drain = DrainRate()
+        self._snapshots = snapshots
+        self._tick_s = tick_s
+        self._waiters: dict[str, asyncio.Future[str]] = {}
+        self._requests: dict[str, QueuedRequest] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._on_admit = on_admit
+        self._on_reject = on_reject
+
+    # -------------------------------------------------------------------- waiting
+
+    async def admit(
+        self,
+        req: QueuedRequest,
+        disconnected: Callable[[], Awaitable[object]] | None = None,
+        eligible_healthy: bool = True,
+    ) -> Ticket:
+        """Queue ``req`` and wait until it is admitted.
+
+        Raises RateLimited (queue full, or queue timeout), NoWorkerAvailable, or
+        asyncio.CancelledError. ``disconnected`` makes an awaitable that completes when the
+        client goes away; if it does first, the request leaves the queue without a trace
+        and CancelledError is raised. ``eligible_healthy`` False (no healthy worker serves
+        the request) fails at once with NoWorkerAvailable.
+        """
+        now = self.clock()
+        if not eligible_healthy:
+            if self._on_reject is not None:
+                self._on_reject(req, "no_worker")
+            raise NoWorkerAvailable(
+                "no worker that serves this model is reachable; try again shortly",
+                retry_after_s=2,
+            )
+        rejection = self.scheduler.enqueue(req, now)
+        if rejection is not None:
+            if self._on_reject is not None:
+                self._on_reject(req, rejection.reason)
+            raise RateLimited(
+                f"the {req.cls} queue is full ({rejection.queued} requests, "
+                f"{rejection.queued_tokens} tokens); retry later",
+                retry_after_s=self.drain.retry_after(req.cls, rejection.queued, now),
+                code=rejection.reason,
+            )
+        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._waiters[req.id] = fut
+        self._requests[req.id] = req
+        self.pump()
+        watcher: asyncio.Future[object] | None = None
+        try:
+            if not fut.done():
+                waits: set[asyncio.Future[Any]] = {fut}
+                if disconnected is not None:
+                    watcher = asyncio.ensure_future(disconnected())
+                    waits.add(watcher)
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            if not fut.done():
+                raise asyncio.CancelledError("client disconnected while queued")
+            worker = fut.result()  # raises the rejection set by the ticker
+        except BaseException:
+            self._forget(req.id)
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                # Admitted in the same instant the waiter went away: give the slot back.
+                self.scheduler.on_finish(req.id, 0, 0, self.clock())
+                self.pump()
+            elif self.scheduler.cancel(req.id, self.clock()):
+                self.pump()
+            raise
+        finally:
+            if watcher is not None and not watcher.done():
+                watcher.cancel()
+        self._forget(req.id)
+        admitted_at = self.clock()
+        if self._on_admit is not None:
+            self._on_admit(req, admitted_at - req.arrival)
+        return Ticket(req, worker, admitted_at, self)
+
+    def _forget(self, req_id: str) -> None:
+        self._waiters.pop(req_id, None)
+        self._requests.pop(req_id, None)
+
+    # -------------------------------------------------------------------- pumping
+
+    def pump(self) -> None:
+        """Admit whatever fits now and wake those waiters."""
+        if not self._waiters:
+            return
+        for adm in self.scheduler.admit(self.clock(), self._snapshots()):
+            fut = self._waiters.get(adm.request.id)
+            if fut is not None and not fut.done():
+                fut.set_result(adm.worker)
+            else:  # nobody waits for it any more
+                self.scheduler.on_finish(adm.request.id, 0, 0, self.clock())
+
+    def _fail(self, req: QueuedRequest, exc: GatewayError, reason: str) -> None:
+        fut = self._waiters.get(req.id)
+        if self._on_reject is not None:
+            self._on_reject(req, reason)
+        if fut is not None and not fut.done():
+            fut.set_exception(exc)
+
+    def tick(self) -> None:
+        """Expire queued requests past their class's queue timeout; fail those that no
+        healthy worker can serve; admit what fits."""
+        now = self.clock()
+        for req in self.scheduler.expire(now):
+            depth = self.scheduler.queue_stats()[req.cls].depth
+            self._fail(
+                req,
+                RateLimited(
+                    f"waited {now - req.arrival:.1f} s in the {req.cls} queue, past its "
+                    "queue timeout; retry later",
+                    retry_after_s=self.drain.retry_after(req.cls, depth, now),
+                    code="queue_timeout",
+                ),
+                "queue_timeout",
+            )
+        if self._waiters and not any(s.healthy for s in self._snapshots()):
+            for req_id in list(self._waiters):
+                req = self._requests[req_id]
+                if self.scheduler.cancel(req_id, now):
+                    self._fail(
+                        req,
+                        NoWorkerAvailable("no worker is reachable", retry_after_s=2),
+                        "no_worker",
+                    )
+        self.pump()
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._tick_s)
+            try:
+                self.tick()
+            except Exception:  # the ticker must survive anything
+                log.exception("admission tick failed")
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="admission-ticker")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None

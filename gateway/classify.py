@@ -1,0 +1,151 @@
+"""Who sent a request (the app, from its API key) and which class it belongs to.
+
+The class comes from, in order: the ``X-Hearthgate-Class`` header when the app may choose,
+the first matching rule of the settings, the app's default class, the global default.
+Prompt tokens are estimated from the characters of the prompt (``tokens.chars_per_token``,
+rounded up; exact when the client sends token ids); the gateway may replace the estimate
+with the worker's own tokenizer count for long prompts, and every estimate is corrected by
+the worker's usage numbers when the request ends.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.errors import BadRequest, Unauthorized
+from gateway.parse import ParsedRequest
+from gateway.settings import App, Rule, Settings
+
+log = logging.getLogger("hearthgate.classify")
+
+CLASS_HEADER = "x-hearthgate-class"
+ANONYMOUS = "anonymous"
+
+
+@dataclass(frozen=True)
+class Classification:
+    app: str
+    cls: str
+    prompt_tokens: int
+    max_tokens: int
+
+
+def _text_len(value: Any) -> tuple[int, int]:
+    """(characters of text, count of explicit token ids) in a prompt-like value."""
+    if isinstance(value, str):
+        return len(value), 0
+    if isinstance(value, list):
+        if value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return 0, len(value)
+        chars = ids = 0
+        for v in value:
+            c, i = _text_len(v)
+            chars, ids = chars + c, ids + i
+        return chars, ids
+    if isinstance(value, dict):
+        # chat content parts ({"type": "text", "text": ...}) and messages ({"content": ...})
+        c1, i1 = _text_len(value.get("text"))
+        c2, i2 = _text_len(value.get("content"))
+        return c1 + c2, i1 + i2
+    return 0, 0
+
+
+def prompt_chars(parsed: ParsedRequest) -> tuple[int, int]:
+    key = {"chat": "messages", "completions": "prompt", "embeddings": "input"}[parsed.endpoint]
+    return _text_len(parsed.body.get(key))
+
+
+def _rule_matches(rule: Rule, parsed: ParsedRequest, prompt_tokens: int, max_tokens: int) -> bool:
+    checks = (
+        rule.endpoint is None or rule.endpoint == parsed.endpoint,
+        rule.model is None or rule.model == parsed.model,
+        rule.stream is None or rule.stream == parsed.stream,
+        rule.min_prompt_tokens is None or prompt_tokens >= rule.min_prompt_tokens,
+        rule.max_prompt_tokens is None or prompt_tokens <= rule.max_prompt_tokens,
+        rule.min_max_tokens is None or max_tokens >= rule.min_max_tokens,
+        rule.max_max_tokens is None or max_tokens <= rule.max_max_tokens,
+    )
+    return all(checks)
+
+
+class Classifier:
+    """Authenticates apps and assigns classes; reads API keys once, at construction."""
+
+    def __init__(self, settings: Settings, environ: Mapping[str, str] = os.environ) -> None:
+        self._settings = settings
+        self._keys: list[tuple[bytes, App]] = []
+        for app in settings.apps:
+            if app.key_env is None:
+                continue
+            key = environ.get(app.key_env)
+            if not key:
+                log.warning(
+                    "app %s: environment variable %s is not set; it cannot authenticate",
+                    app.name,
+                    app.key_env,
+                )
+                continue
+            self._keys.append((key.encode(), app))
+        self.auth_required = any(a.key_env for a in settings.apps)
+        self._open_app = next((a for a in settings.apps if a.key_env is None), None)
+
+    def authenticate(self, authorization: str | None) -> App | None:
+        """The app owning the bearer key; None when no keys are configured. Raises 401."""
+        if not self.auth_required:
+            return self._open_app
+        if not authorization or not authorization.lower().startswith("bearer "):
+            raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
+        given = authorization[7:].strip().encode()
+        found: App | None = None
+        for key, app in self._keys:  # compare with every key: the time does not tell which
+            if hmac.compare_digest(given, key) and found is None:
+                found = app
+        if found is None:
+            raise Unauthorized("invalid API key")
+        return found
+
+    def estimate_prompt_tokens(self, parsed: ParsedRequest) -> int:
+        chars, ids = prompt_chars(parsed)
+        return ids + math.ceil(chars / self._settings.tokens.chars_per_token)
+
+    def max_tokens(self, parsed: ParsedRequest) -> int:
+        if parsed.endpoint == "embeddings":
+            return 0
+        if parsed.max_tokens is not None:
+            return parsed.max_tokens
+        return self._settings.tokens.default_max_tokens
+
+    def classify(
+        self,
+        parsed: ParsedRequest,
+        app: App | None,
+        class_header: str | None,
+        prompt_tokens: int,
+    ) -> Classification:
+        s = self._settings
+        max_tokens = self.max_tokens(parsed)
+        app_name = app.name if app is not None else ANONYMOUS
+        cls: str | None = None
+        if class_header and app is not None and app.may_choose_class:
+            if class_header not in s.classes:
+                raise BadRequest(
+                    f"unknown class {class_header!r} in X-Hearthgate-Class; "
+                    f"known: {', '.join(sorted(s.classes))}"
+                )
+            cls = class_header
+        if cls is None:
+            for rule in s.rules:
+                if _rule_matches(rule, parsed, prompt_tokens, max_tokens):
+                    cls = rule.class_
+                    break
+        if cls is None and app is not None:
+            cls = app.default_class
+        if cls is None:
+            cls = s.default_class
+        return Classification(app_name, cls, prompt_tokens, max_tokens)

@@ -1,0 +1,49 @@
+"""Translating the settings into the pure scheduler's value types."""
+
+from __future__ import annotations
+
+from gateway.settings import RequestClass, Settings, WorkerLimits
+from policies.scheduler import Scheduler
+from policies.types import ClassPolicy, TenantPolicy, WorkerBudget
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else value / 1000.0
+
+
+def class_policy(name: str, c: RequestClass) -> ClassPolicy:
+    return ClassPolicy(
+        name=name,
+        priority=c.priority,
+        interactive=c.interactive,
+        ttft_s=_ms(c.ttft_ms),
+        itl_s=_ms(c.itl_ms),
+        min_share=c.min_share,
+        max_wait_s=_ms(c.max_wait_ms),
+        max_queue=c.max_queue,
+        max_queued_tokens=c.max_queued_tokens,
+        queue_timeout_s=_ms(c.queue_timeout_ms),
+        ordering=c.ordering,
+        fair_share=c.fair_share,
+    )
+
+
+def worker_budget(limits: WorkerLimits) -> WorkerBudget:
+    return WorkerBudget(
+        max_in_flight=limits.max_in_flight,
+        max_in_flight_per_class=dict(limits.max_in_flight_per_class),
+        prefill_token_budget=limits.prefill_token_budget,
+        interactive_reserved_slots=limits.interactive_reserved_slots,
+        interactive_reserved_prefill_tokens=limits.interactive_reserved_prefill_tokens,
+        max_scraped_waiting=limits.max_scraped_waiting,
+        max_kv_usage=limits.max_kv_usage,
+    )
+
+
+def build_scheduler(settings: Settings) -> Scheduler:
+    return Scheduler(
+        [class_policy(name, c) for name, c in settings.classes.items()],
+        [TenantPolicy(a.name, a.weight) for a in settings.apps],
+        w_in=settings.scheduler.w_in,
+        w_out=settings.scheduler.w_out,
+    )

@@ -1,0 +1,112 @@
+"""The queue of one request class: per-tenant ordered queues under one fair-share policy."""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections.abc import Mapping
+
+from policies.fairness.base import FairShare
+from policies.ordering.base import OrderingPolicy, SortKey
+from policies.shedding import is_expired
+from policies.types import ClassPolicy, QueuedRequest
+
+
+def _arrival_key(req: QueuedRequest) -> tuple[float, str]:
+    return (req.arrival, req.id)
+
+
+class ClassQueue:
+    """Queued requests of one class.
+
+    Each backlogged tenant has a list sorted by the ordering policy; ``fair`` picks the
+    tenant. A second list sorted by (arrival, id) answers "oldest" and "expired" cheaply.
+    Only backlogged tenants have an entry, so the tenant map holds no trace of past ones.
+    """
+
+    def __init__(self, policy: ClassPolicy, ordering: OrderingPolicy, fair: FairShare) -> None:
+        self.policy = policy
+        self._ordering = ordering
+        self._fair = fair
+        self._tenants: dict[str, list[QueuedRequest]] = {}
+        self._by_arrival: list[QueuedRequest] = []
+        self._ids: dict[str, QueuedRequest] = {}
+        self._tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __contains__(self, req_id: object) -> bool:
+        return req_id in self._ids
+
+    @property
+    def tokens(self) -> int:
+        """Sum of the queued requests' prompt-token estimates."""
+        return self._tokens
+
+    def _key(self, req: QueuedRequest) -> SortKey:
+        return self._ordering.sort_key(req, self.policy)
+
+    def push(self, req: QueuedRequest) -> None:
+        """Queue ``req`` (its id must be new here)."""
+        if req.id in self._ids:
+            raise ValueError(f"request {req.id} is already queued")
+        lane = self._tenants.get(req.tenant)
+        if lane is None:
+            self._fair.activate(req.tenant)
+            lane = self._tenants[req.tenant] = []
+        insort(lane, req, key=self._key)
+        insort(self._by_arrival, req, key=_arrival_key)
+        self._ids[req.id] = req
+        self._tokens += req.prompt_tokens
+
+    def peek(self) -> QueuedRequest | None:
+        """The request the fair-share policy would serve next, or None when empty."""
+        if not self._tenants:
+            return None
+        heads = {tenant: lane[0] for tenant, lane in self._tenants.items()}
+        return heads[self._fair.choose(heads)]
+
+    def take(self, req_id: str) -> QueuedRequest:
+        """Remove a request because it is being admitted."""
+        return self._remove(req_id, served=True)
+
+    def remove(self, req_id: str) -> QueuedRequest | None:
+        """Remove a request that leaves unserved (cancel, expiry); None if not queued."""
+        if req_id not in self._ids:
+            return None
+        return self._remove(req_id, served=False)
+
+    def _remove(self, req_id: str, *, served: bool) -> QueuedRequest:
+        req = self._ids.pop(req_id)
+        lane = self._tenants[req.tenant]
+        del lane[bisect_left(lane, self._key(req), key=self._key)]
+        del self._by_arrival[bisect_left(self._by_arrival, _arrival_key(req), key=_arrival_key)]
+        self._tokens -= req.prompt_tokens
+        if not lane:
+            del self._tenants[req.tenant]
+            if served:
+                self._fair.deactivate(req.tenant)
+            else:
+                self._fair.withdraw(req.tenant)
+        return req
+
+    def oldest(self) -> QueuedRequest | None:
+        """The queued request with the earliest arrival (then id), or None."""
+        return self._by_arrival[0] if self._by_arrival else None
+
+    def expired(self, now: float) -> list[QueuedRequest]:
+        """Queued requests whose wait reached the class's queue timeout, oldest first."""
+        out: list[QueuedRequest] = []
+        for req in self._by_arrival:
+            if not is_expired(self.policy, req, now):
+                break  # sorted by arrival: every later request waited less
+            out.append(req)
+        return out
+
+    def charge(self, tenant: str, prompt_tokens: float, output_tokens: float) -> None:
+        """Account service to ``tenant`` in this class's fair-share policy."""
+        self._fair.charge(tenant, prompt_tokens, output_tokens)
+
+    def counters(self) -> Mapping[str, float]:
+        """The fair-share counters of this class (a copy)."""
+        return self._fair.counters()

@@ -1,0 +1,82 @@
+"""Virtual token counter fair sharing (Sheng et al., "Fairness in Serving Large Language
+Models", OSDI 2024)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from policies.fairness.base import FairShareParams
+from policies.types import QueuedRequest
+
+_UNKNOWN = None  # marker in the undo log: the tenant had no counter before it activated
+
+
+class Vtc:
+    """The backlogged tenant with the smallest counter goes next.
+
+    Counters grow by ``(w_in * prompt + w_out * output) / weight``. A tenant that becomes
+    backlogged is lifted to the smallest counter among the backlogged tenants (or, when none
+    is backlogged, to the counter of the tenant that left the backlog last), so idling banks
+    no credit. Ties go to the earlier head request (arrival, then id).
+    """
+
+    def __init__(self, params: FairShareParams) -> None:
+        self._params = params
+        self._counter: dict[str, float] = {}
+        self._backlogged: dict[str, None] = {}  # a dict, not a set: iteration order is stable
+        self._last_left: float | None = None
+        # Counter before the lift, for tenants not charged since they activated.
+        self._undo: dict[str, float | None] = {}
+
+    def activate(self, tenant: str) -> None:
+        """Lift ``tenant`` (see class doc) and mark it backlogged."""
+        if tenant in self._backlogged:
+            raise ValueError(f"tenant {tenant} is already backlogged")
+        before = self._counter.get(tenant, _UNKNOWN)
+        own = before if before is not None else 0.0
+        if self._backlogged:
+            floor = min(self._counter[t] for t in self._backlogged)
+        elif self._last_left is not None:
+            floor = self._last_left
+        else:
+            floor = own
+        self._counter[tenant] = max(own, floor)
+        self._backlogged[tenant] = None
+        self._undo[tenant] = before
+
+    def deactivate(self, tenant: str) -> None:
+        """No longer backlogged; remembers its counter as the last one to leave."""
+        del self._backlogged[tenant]
+        self._undo.pop(tenant, None)
+        self._last_left = self._counter[tenant]
+
+    def withdraw(self, tenant: str) -> None:
+        """No longer backlogged; undoes the lift if the tenant was not charged since."""
+        del self._backlogged[tenant]
+        if tenant not in self._undo:
+            self._last_left = self._counter[tenant]
+            return
+        before = self._undo.pop(tenant)
+        if before is None:
+            del self._counter[tenant]
+        else:
+            self._counter[tenant] = before
+
+    def choose(self, heads: Mapping[str, QueuedRequest]) -> str:
+        """The tenant with the smallest (counter, head arrival, head id)."""
+        if not heads:
+            raise ValueError("choose needs at least one backlogged tenant")
+        return min(
+            heads,
+            key=lambda t: (self._counter.get(t, 0.0), heads[t].arrival, heads[t].id),
+        )
+
+    def charge(self, tenant: str, prompt_tokens: float, output_tokens: float) -> None:
+        """Add the weighted service to the tenant's counter."""
+        cost = self._params.cost(tenant, prompt_tokens, output_tokens)
+        self._counter[tenant] = self._counter.get(tenant, 0.0) + cost
+        self._undo.pop(tenant, None)
+
+    def counters(self) -> Mapping[str, float]:
+        """A copy of every known counter."""
+        return dict(self._counter)

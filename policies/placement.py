@@ -1,0 +1,61 @@
+"""Which worker an admitted request goes to (a simple stand-in until the router exists)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from policies.budgets import Verdict, WorkerUsage, check
+from policies.types import WorkerSnapshot
+
+
+class Blocked(enum.Enum):
+    """Why a request fits no worker."""
+
+    NO_WORKER = "no_worker"  # no healthy worker at all
+    OWN_CAP = "own_cap"  # every healthy worker has the class at its own in-flight cap
+    SHARED = "shared"  # a shared budget (slots, prefill, saturation) is in the way
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Either ``worker`` (the request fits there) or ``blocked`` (why it fits nowhere)."""
+
+    worker: str | None
+    blocked: Blocked | None
+
+
+def place(
+    workers: Sequence[WorkerSnapshot],
+    usage: Mapping[str, WorkerUsage],
+    cls: str,
+    interactive: bool,
+    prompt_tokens: int,
+    eligible: frozenset[str] | None = None,
+) -> Placement:
+    """The worker with the fewest in-flight requests among those the request fits (ties by
+    name), else the reason it fits none. ``usage`` must hold every worker in ``workers``;
+    only workers named in ``eligible`` count (None: all)."""
+    best: tuple[int, str] | None = None
+    healthy = 0
+    own_cap = 0
+    for w in workers:
+        if eligible is not None and w.name not in eligible:
+            continue
+        u = usage[w.name]
+        verdict = check(w, u, cls, interactive, prompt_tokens)
+        if verdict is Verdict.UNHEALTHY:
+            continue
+        healthy += 1
+        if verdict is Verdict.FITS:
+            key = (u.in_flight, w.name)
+            if best is None or key < best:
+                best = key
+        elif verdict is Verdict.CLASS_CAP:
+            own_cap += 1
+    if best is not None:
+        return Placement(best[1], None)
+    if healthy == 0:
+        return Placement(None, Blocked.NO_WORKER)
+    return Placement(None, Blocked.OWN_CAP if own_cap == healthy else Blocked.SHARED)

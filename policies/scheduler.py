@@ -1,0 +1,331 @@
+"""The scheduler: the one pure state machine the admission controller drives.
+
+It owns every queued request (per class, per tenant) and the bookkeeping of what it
+admitted to each worker. The caller reports events with the current time; nothing here
+reads a clock, sleeps or does I/O, so the same event log always gives the same decisions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from policies.bands import Backlog, precedence
+from policies.budgets import WorkerLoad, WorkerUsage
+from policies.class_queue import ClassQueue
+from policies.fairness import FAIR_SHARES, FairShareFactory, FairShareParams
+from policies.ordering import ORDERINGS, OrderingPolicy
+from policies.placement import Blocked, place
+from policies.shares import ShareLedger
+from policies.shedding import check_enqueue
+from policies.types import (
+    Admission,
+    ClassPolicy,
+    QueuedRequest,
+    Rejection,
+    TenantPolicy,
+    WorkerSnapshot,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """One class queue for metrics and /status: depth, queued prompt tokens, oldest arrival
+    (None when empty) and all tokens of the class dispatched so far (prompt + max_tokens)."""
+
+    depth: int
+    tokens: int
+    oldest_arrival: float | None
+    dispatched_tokens: int
+
+
+def _held(group: frozenset[str] | None, held: set[frozenset[str] | None]) -> bool:
+    """Whether work for ``group`` overlaps a held group (None means every worker)."""
+    if not held:
+        return False
+    if group is None or None in held:
+        return True
+    return any(h is not None and not group.isdisjoint(h) for h in held)
+
+
+@dataclass(slots=True)
+class _Running:
+    request: QueuedRequest
+    worker: str
+    interactive: bool
+    in_prefill: bool = True
+    output_charged: int = 0
+
+
+class Scheduler:
+    """Priority bands, starvation guard, fair sharing, ordering, budgets and shedding.
+
+    Call ``enqueue`` when a request arrives, ``admit`` whenever something may have changed
+    (arrival, first token, finish, worker snapshot), the ``on_*`` methods as the upstream
+    answer progresses, and ``expire`` from one periodic ticker. A request id is known from
+    its enqueue until it is cancelled, expired or finished, and never again after that.
+
+    Admission order: classes whose oldest request waited past ``max_wait_s`` (longest past
+    first), then classes under their ``min_share``, then bands by priority. Each class offers
+    one request (its fair-share pick, ordered inside the tenant). A class stopped only by its
+    own in-flight caps is skipped; a background class stopped by a shared budget holds back
+    every later background class (so small requests do not starve a big head), and an
+    interactive class stopped by a shared budget holds back everything after it.
+    """
+
+    def __init__(
+        self,
+        classes: Iterable[ClassPolicy],
+        tenants: Iterable[TenantPolicy] = (),
+        *,
+        w_in: float = 1.0,
+        w_out: float = 2.0,
+        default_tenant_weight: float = 1.0,
+        fair_shares: Mapping[str, FairShareFactory] = FAIR_SHARES,
+        orderings: Mapping[str, OrderingPolicy] = ORDERINGS,
+    ) -> None:
+        """Raises ValueError for repeated class or tenant names, or unknown policy names."""
+        weights: dict[str, float] = {}
+        for t in tenants:
+            if t.name in weights:
+                raise ValueError(f"tenant {t.name} is listed twice")
+            weights[t.name] = t.weight
+        params = FairShareParams(w_in, w_out, weights, default_tenant_weight)
+        self._queues: dict[str, ClassQueue] = {}
+        for c in classes:
+            if c.name in self._queues:
+                raise ValueError(f"class {c.name} is listed twice")
+            if c.ordering not in orderings:
+                raise ValueError(f"class {c.name}: unknown ordering {c.ordering!r}")
+            if c.fair_share not in fair_shares:
+                raise ValueError(f"class {c.name}: unknown fair_share {c.fair_share!r}")
+            fair = fair_shares[c.fair_share](params)
+            self._queues[c.name] = ClassQueue(c, orderings[c.ordering], fair)
+        if not self._queues:
+            raise ValueError("at least one class is needed")
+        self._queued: dict[str, str] = {}  # request id -> class, while queued
+        self._running: dict[str, _Running] = {}
+        self._loads: dict[str, WorkerLoad] = {}
+        self._ledger = ShareLedger()
+
+    # ----------------------------------------------------------------- queue events
+
+    def enqueue(self, req: QueuedRequest, now: float) -> Rejection | None:
+        """Queue ``req``, or return why it is shed (class queue at its count/token cap).
+
+        Raises ValueError for an unknown class or an id the scheduler already holds.
+        """
+        q = self._queues.get(req.cls)
+        if q is None:
+            raise ValueError(f"request {req.id}: unknown class {req.cls!r}")
+        if req.id in self._queued or req.id in self._running:
+            raise ValueError(f"request {req.id} is already queued or in flight")
+        rejection = check_enqueue(q.policy, len(q), q.tokens, req)
+        if rejection is not None:
+            return rejection
+        if not len(q):
+            self._ledger.open(req.cls)
+        q.push(req)
+        self._queued[req.id] = req.cls
+        return None
+
+    def cancel(self, req_id: str, now: float) -> bool:
+        """Remove a queued request as if it had never been queued; False if it is not
+        queued (in-flight requests end through ``on_finish``)."""
+        return self._drop(req_id) is not None
+
+    def expire(self, now: float) -> list[QueuedRequest]:
+        """Remove and return the queued requests that reached their class's queue timeout,
+        by (arrival, id). They leave the same (absent) trace as cancelled ones."""
+        out: list[QueuedRequest] = []
+        for q in self._queues.values():
+            for req in q.expired(now):
+                self._drop(req.id)
+                out.append(req)
+        out.sort(key=lambda r: (r.arrival, r.id))
+        return out
+
+    def _drop(self, req_id: str) -> QueuedRequest | None:
+        cls = self._queued.pop(req_id, None)
+        if cls is None:
+            return None
+        q = self._queues[cls]
+        req = q.remove(req_id)
+        if not len(q):
+            self._ledger.close(cls)
+        return req
+
+    # ------------------------------------------------------------------- admission
+
+    def admit(self, now: float, workers: Sequence[WorkerSnapshot]) -> list[Admission]:
+        """Admit queued requests while one fits some worker; the admissions in order.
+
+        ``workers`` are the current snapshots (limits, health, scraped gauges); worker
+        names must be unique. Each admitted request is charged its prompt estimate, counts
+        against the worker's budgets until ``on_first_token``/``on_finish``, and must be
+        reported to ``on_finish`` exactly once.
+        """
+        seen: set[str] = set()
+        for w in workers:
+            if w.name in seen:
+                raise ValueError(f"worker {w.name} appears twice")
+            seen.add(w.name)
+            if w.name not in self._loads:
+                self._loads[w.name] = WorkerLoad(w.name)
+        out: list[Admission] = []
+        while (admission := self._admit_one(now, workers)) is not None:
+            out.append(admission)
+        return out
+
+    def _admit_one(self, now: float, workers: Sequence[WorkerSnapshot]) -> Admission | None:
+        backlogs = []
+        for name, q in self._queues.items():
+            oldest = q.oldest()
+            if oldest is not None:
+                backlogs.append(Backlog(q.policy, oldest.arrival, self._ledger.share(name)))
+        if not backlogs:
+            return None
+        usage = {w.name: self._loads[w.name].usage() for w in workers}
+        # Holds apply per group of eligible workers: a head blocked on one model's workers
+        # must not hold back work bound for other workers.
+        held_background: set[frozenset[str] | None] = set()
+        held_all: set[frozenset[str] | None] = set()
+        for name in precedence(backlogs, now):
+            q = self._queues[name]
+            interactive = q.policy.interactive
+            head = q.peek()
+            assert head is not None  # only backlogged classes are in the precedence
+            group = head.workers
+            if _held(group, held_all) or (not interactive and _held(group, held_background)):
+                continue
+            spot = place(workers, usage, name, interactive, head.prompt_tokens, group)
+            if spot.worker is not None:
+                self._start(head, spot.worker, interactive)
+                return Admission(head, spot.worker)
+            if spot.blocked is Blocked.OWN_CAP:
+                continue
+            # NO_WORKER or SHARED: later work for the same workers waits its turn.
+            (held_all if interactive or spot.blocked is Blocked.NO_WORKER else held_background).add(
+                group
+            )
+        return None
+
+    def _start(self, req: QueuedRequest, worker: str, interactive: bool) -> None:
+        q = self._queues[req.cls]
+        # Charge before taking: when the tenant leaves the backlog, VTC remembers its
+        # counter including this dispatch.
+        q.charge(req.tenant, req.prompt_tokens, 0)
+        q.take(req.id)
+        del self._queued[req.id]
+        self._ledger.record(req.cls, req.dispatched_tokens)
+        if not len(q):
+            self._ledger.close(req.cls)
+        self._loads[worker].add(req.cls, interactive, req.prompt_tokens)
+        self._running[req.id] = _Running(req, worker, interactive)
+
+    # ------------------------------------------------------------- in-flight events
+
+    def on_first_token(self, req_id: str, now: float) -> bool:
+        """The request's first token arrived: release its prefill tokens. False if the id
+        is not in flight or its prefill was already released."""
+        run = self._running.get(req_id)
+        if run is None or not run.in_prefill:
+            return False
+        self._end_prefill(run)
+        return True
+
+    def on_progress(self, req_id: str, output_tokens_so_far: int, now: float) -> None:
+        """``output_tokens_so_far`` tokens have streamed: charge the new ones to the tenant.
+        Any output implies the first token arrived. Ignored for unknown ids and for counts
+        that do not grow."""
+        run = self._running.get(req_id)
+        if run is None:
+            return
+        if output_tokens_so_far > 0 and run.in_prefill:
+            self._end_prefill(run)
+        new = output_tokens_so_far - run.output_charged
+        if new > 0:
+            req = run.request
+            self._queues[req.cls].charge(req.tenant, 0, new)
+            run.output_charged = output_tokens_so_far
+
+    def on_finish(
+        self, req_id: str, prompt_tokens: int | None, output_tokens: int | None, now: float
+    ) -> bool:
+        """The request ended (completion, error, disconnect): release its slot and any
+        prefill tokens, and correct the tenant's charge to the actual counts (None: keep
+        the estimate / what was streamed). True the first time, False for unknown or
+        already finished ids."""
+        run = self._running.pop(req_id, None)
+        if run is None:
+            return False
+        req = run.request
+        if run.in_prefill:
+            self._end_prefill(run)
+        self._loads[run.worker].remove(req.cls)
+        prompt_fix = 0 if prompt_tokens is None else prompt_tokens - req.prompt_tokens
+        output_fix = 0 if output_tokens is None else output_tokens - run.output_charged
+        if prompt_fix or output_fix:
+            self._queues[req.cls].charge(req.tenant, prompt_fix, output_fix)
+        return True
+
+    def _end_prefill(self, run: _Running) -> None:
+        run.in_prefill = False
+        self._loads[run.worker].end_prefill(run.interactive, run.request.prompt_tokens)
+
+    # ------------------------------------------------------------------------ views
+
+    @property
+    def classes(self) -> Mapping[str, ClassPolicy]:
+        """Every configured class by name, in configuration order."""
+        return {name: q.policy for name, q in self._queues.items()}
+
+    @property
+    def queued_count(self) -> int:
+        """Requests queued in all classes."""
+        return len(self._queued)
+
+    @property
+    def in_flight_count(self) -> int:
+        """Requests admitted and not yet finished, on all workers."""
+        return len(self._running)
+
+    def is_queued(self, req_id: str) -> bool:
+        """Whether ``req_id`` is waiting in a queue."""
+        return req_id in self._queued
+
+    def worker_of(self, req_id: str) -> str | None:
+        """The worker an in-flight request was admitted to, None if it is not in flight."""
+        run = self._running.get(req_id)
+        return None if run is None else run.worker
+
+    def queue_stats(self) -> dict[str, QueueStats]:
+        """Each configured class's queue, in configuration order."""
+        out: dict[str, QueueStats] = {}
+        for name, q in self._queues.items():
+            oldest = q.oldest()
+            out[name] = QueueStats(
+                depth=len(q),
+                tokens=q.tokens,
+                oldest_arrival=None if oldest is None else oldest.arrival,
+                dispatched_tokens=self._ledger.dispatched(name),
+            )
+        return out
+
+    def tenant_counters(self) -> dict[str, dict[str, float]]:
+        """Class -> tenant -> fair-share counter (weighted tokens), tenants sorted."""
+        return {name: dict(sorted(q.counters().items())) for name, q in self._queues.items()}
+
+    def worker_usage(self) -> dict[str, WorkerUsage]:
+        """Budget use of every worker seen in a snapshot so far, by name."""
+        return {name: self._loads[name].usage() for name in sorted(self._loads)}
+
+    def __repr__(self) -> str:
+        queued = " ".join(f"{n}={len(q)}" for n, q in self._queues.items() if len(q))
+        running = " ".join(
+            f"{u.name}={u.in_flight}" for u in self.worker_usage().values() if u.in_flight
+        )
+        return (
+            f"Scheduler(queued={self.queued_count} [{queued}], "
+            f"in_flight={self.in_flight_count} [{running}])"
+        )

@@ -1,0 +1,115 @@
+"""The admission controller around the real pure scheduler, with a fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.admission import AdmissionController, DrainRate
+from gateway.errors import NoWorkerAvailable, RateLimited
+from policies.scheduler import Scheduler
+from policies.types import ClassPolicy, QueuedRequest, WorkerBudget, WorkerSnapshot
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make(
+    max_in_flight: int = 1, **cls_kw: object
+) -> tuple[AdmissionController, Clock, Scheduler]:
+    clock = Clock()
+    sched = Scheduler([ClassPolicy("chat", 1, interactive=True, **cls_kw)])  # type: ignore[arg-type]
+    snaps = [WorkerSnapshot("w0", limits=WorkerBudget(max_in_flight=max_in_flight))]
+    return AdmissionController(sched, lambda: snaps, clock=clock), clock, sched
+
+
+def rq(i: int, clock: Clock) -> QueuedRequest:
+    return QueuedRequest(f"r{i}", "chat", "app", clock(), 1, 10, 5)
+
+
+async def test_admits_at_once_when_it_fits() -> None:
+    ctl, clock, sched = make()
+    ticket = await ctl.admit(rq(1, clock))
+    assert ticket.worker == "w0"
+    assert sched.in_flight_count == 1
+    ticket.finish(10, 5)
+    ticket.finish(10, 5)  # a second finish changes nothing
+    assert sched.in_flight_count == 0
+
+
+async def test_waits_until_a_slot_frees() -> None:
+    ctl, clock, sched = make()
+    first = await ctl.admit(rq(1, clock))
+    waiter = asyncio.create_task(ctl.admit(rq(2, clock)))
+    await asyncio.sleep(0.01)
+    assert not waiter.done() and sched.queued_count == 1
+    first.finish(10, 5)
+    second = await asyncio.wait_for(waiter, 1)
+    assert second.request.id == "r2" and sched.queued_count == 0
+
+
+async def test_disconnect_while_queued_leaves_no_trace() -> None:
+    ctl, clock, sched = make()
+    first = await ctl.admit(rq(1, clock))
+    gone = asyncio.Event()
+
+    async def disconnected() -> None:
+        await gone.wait()
+
+    waiter = asyncio.create_task(ctl.admit(rq(2, clock), disconnected))
+    await asyncio.sleep(0.01)
+    gone.set()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(waiter, 1)
+    assert sched.queued_count == 0 and not sched.is_queued("r2")
+    first.finish(10, 5)
+    assert sched.in_flight_count == 0  # the freed slot went to nobody
+
+
+async def test_queue_full_is_429_with_retry_after() -> None:
+    ctl, clock, _ = make(max_queue=1)
+    await ctl.admit(rq(1, clock))
+    waiter = asyncio.create_task(ctl.admit(rq(2, clock)))
+    await asyncio.sleep(0.01)
+    with pytest.raises(RateLimited) as info:
+        await ctl.admit(rq(3, clock))
+    assert info.value.code == "queue_full" and (info.value.retry_after_s or 0) >= 1
+    waiter.cancel()
+
+
+async def test_queue_timeout_by_the_ticker() -> None:
+    ctl, clock, sched = make(queue_timeout_s=1.0)
+    await ctl.admit(rq(1, clock))
+    waiter = asyncio.create_task(ctl.admit(rq(2, clock)))
+    await asyncio.sleep(0.01)
+    clock.t += 0.5
+    ctl.tick()
+    assert not waiter.done()
+    clock.t += 1.0
+    ctl.tick()
+    with pytest.raises(RateLimited) as info:
+        await asyncio.wait_for(waiter, 1)
+    assert info.value.code == "queue_timeout"
+    assert sched.queued_count == 0
+
+
+async def test_no_healthy_worker_fails_fast() -> None:
+    ctl, clock, sched = make()
+    with pytest.raises(NoWorkerAvailable):
+        await ctl.admit(rq(1, clock), eligible_healthy=False)
+    assert sched.queued_count == 0
+
+
+def test_drain_rate_retry_after() -> None:
+    d = DrainRate(window_s=10)
+    assert d.retry_after("chat", 5, 0.0) == 5  # nothing measured yet: the fallback
+    for i in range(20):
+        d.record("chat", float(i) * 0.5)  # 20 ends in 10 s: 2 per second
+    assert d.retry_after("chat", 10, 10.0) == 5
+    assert d.retry_after("chat", 1, 10.0) == 1
