@@ -1,0 +1,178 @@
+"""The scheduler in front of a real vLLM worker: interactive work overtakes a burst of long
+prompts, full queues answer 429 with Retry-After, a disconnect while queued frees the place."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import Workers
+from tests.support import gateway
+
+pytestmark = pytest.mark.e2e
+
+WORDS = (
+    "kitchen",
+    "garden",
+    "school",
+    "dinner",
+    "weekend",
+    "holiday",
+    "bicycle",
+    "library",
+    "music",
+    "window",
+)
+
+
+def long_prompt(i: int, words: int = 1000) -> str:
+    """A long prompt that shares no prefix with any earlier one (vLLM caches prefixes)."""
+    rng = random.Random()
+    return " ".join(rng.choice(WORDS) for _ in range(words)) + f" {i}"
+
+
+def settings(workers: Workers, **rag: Any) -> dict[str, Any]:
+    return {
+        "workers": [
+            {
+                "name": "gen0",
+                "url": workers.gen.url,
+                "models": ["tiny-llama"],
+                "limits": {
+                    "prefill_token_budget": 4096,
+                    "interactive_reserved_prefill_tokens": 1024,
+                    "max_in_flight_per_class": {"rag": rag.pop("in_flight", 2)},
+                },
+            }
+        ],
+        "classes": {
+            "chat": {"priority": 1, "interactive": True, "ttft_ms": 800, "itl_ms": 80},
+            "rag": {"priority": 2, "ttft_ms": 20000, **rag},
+        },
+        "rules": [{"min_prompt_tokens": 1500, "class": "rag"}],
+        "health": {"interval_s": 0.5},
+    }
+
+
+@pytest.fixture(scope="module")
+def sched_gateway(workers: Workers) -> Iterator[str]:
+    with gateway(settings(workers), name="e2e-sched") as url:
+        yield url
+
+
+async def ttft(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> float:
+    t0 = time.perf_counter()
+    async with client.stream("POST", url + "/v1/completions", json=body) as r:
+        assert r.status_code == 200, await r.aread()
+        first = None
+        async for line in r.aiter_lines():
+            if first is None and line.startswith("data: {"):
+                first = time.perf_counter() - t0
+    assert first is not None
+    return first
+
+
+async def burst_then_chat(url: str) -> float:
+    async with httpx.AsyncClient(timeout=180) as client:
+        longs = [
+            asyncio.create_task(
+                ttft(
+                    client,
+                    url,
+                    {
+                        "model": "tiny-llama",
+                        "prompt": long_prompt(i),
+                        "max_tokens": 16,
+                        "ignore_eos": True,
+                        "stream": True,
+                    },
+                )
+            )
+            for i in range(10)
+        ]
+        await asyncio.sleep(0.3)
+        chat = {
+            "model": "tiny-llama",
+            "prompt": "What time is the dentist appointment?",
+            "max_tokens": 16,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        chat_ttft = await ttft(client, url, chat)
+        await asyncio.gather(*longs)
+        return chat_ttft
+
+
+def test_chat_overtakes_a_burst_of_long_prompts(
+    workers: Workers, sched_gateway: str, gen_worker_url: str
+) -> None:
+    # Warm the worker up on both shapes first (new shapes compile on first use).
+    asyncio.run(burst_then_chat(gen_worker_url))
+    direct = asyncio.run(burst_then_chat(gen_worker_url))
+    via = asyncio.run(burst_then_chat(sched_gateway))
+    print(
+        f"\nchat TTFT behind 10 long prompts: direct {direct * 1000:.0f} ms, "
+        f"through the gateway {via * 1000:.0f} ms"
+    )
+    assert via < direct / 2, (direct, via)
+
+
+def test_full_queue_answers_429_with_retry_after(workers: Workers) -> None:
+    with gateway(settings(workers, in_flight=1, max_queue=1), name="e2e-full") as url:
+
+        async def flood() -> list[httpx.Response]:
+            async with httpx.AsyncClient(timeout=180) as client:
+                body = {"model": "tiny-llama", "max_tokens": 4, "ignore_eos": True}
+                return await asyncio.gather(
+                    *(
+                        client.post(
+                            url + "/v1/completions", json={**body, "prompt": long_prompt(i)}
+                        )
+                        for i in range(5)
+                    )
+                )
+
+        statuses = [r.status_code for r in asyncio.run(flood())]
+        assert statuses.count(200) >= 2 and 429 in statuses, statuses
+        rejected = next(r for r in asyncio.run(flood()) if r.status_code == 429)
+        assert int(rejected.headers["retry-after"]) >= 1
+        assert rejected.json()["error"]["code"] == "queue_full"
+
+
+def test_disconnect_while_queued_frees_the_place(workers: Workers) -> None:
+    with gateway(settings(workers, in_flight=1, max_queue=1), name="e2e-queued") as url:
+
+        async def scenario() -> dict[str, Any]:
+            async with httpx.AsyncClient(timeout=180) as client:
+                body = {"model": "tiny-llama", "max_tokens": 16, "ignore_eos": True}
+                first = {**body, "prompt": long_prompt(1), "max_tokens": 600}
+                running = asyncio.create_task(client.post(url + "/v1/completions", json=first))
+                await asyncio.sleep(0.2)
+                queued = asyncio.create_task(
+                    client.post(url + "/v1/completions", json={**body, "prompt": long_prompt(2)})
+                )
+                await asyncio.sleep(0.3)
+                status = (await client.get(url + "/status")).json()
+                assert status["queues"]["rag"]["depth"] == 1
+                queued.cancel()  # the client goes away while its request waits
+                for _ in range(50):
+                    await asyncio.sleep(0.1)
+                    status = (await client.get(url + "/status")).json()
+                    if status["queues"]["rag"]["depth"] == 0:
+                        break
+                # The place is free again: a new request is queued, not refused.
+                again = await client.post(
+                    url + "/v1/completions", json={**body, "prompt": long_prompt(3)}
+                )
+                assert again.status_code == 200
+                assert (await running).status_code == 200
+                return status
+
+        status = asyncio.run(scenario())
+        assert status["queues"]["rag"]["depth"] == 0
