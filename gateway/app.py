@@ -19,7 +19,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
 from gateway.admission import AdmissionController
-from gateway.classify import ANONYMOUS, CLASS_HEADER, Classification, Classifier
+from gateway.classify import (
+    ANONYMOUS,
+    CLASS_HEADER,
+    Classification,
+    Classifier,
+    prompt_chars,
+)
 from gateway.errors import (
     BadRequest,
     GatewayError,
@@ -121,7 +127,7 @@ class Gateway:
                     f"The model '{model}' does not exist. "
                     f"Available models: {', '.join(self._models())}"
                 )
-            prompt_tokens = self.classifier.estimate_prompt_tokens(parsed)
+            prompt_tokens = await self._prompt_tokens(parsed)
             c = self.classifier.classify(
                 parsed, app, request.headers.get(CLASS_HEADER), prompt_tokens
             )
@@ -129,6 +135,33 @@ class Gateway:
         except GatewayError as exc:
             self.metrics.count(route, model, exc.status)
             return error_response(exc)
+
+    async def _prompt_tokens(self, parsed: ParsedRequest) -> int:
+        """The heuristic estimate, or for long prompts (when enabled) the worker's own count
+        from vLLM's ``/tokenize``: a few ms, paid only where a prefill costs far more."""
+        estimate = self.classifier.estimate_prompt_tokens(parsed)
+        t = self.settings.tokens
+        if not t.use_worker_tokenizer or parsed.endpoint == "embeddings":
+            return estimate
+        chars, _ = prompt_chars(parsed)
+        if chars < t.tokenizer_min_chars:
+            return estimate
+        worker = self.pool.pick(parsed.model)
+        if worker is None or self._session is None:
+            return estimate
+        key = "messages" if parsed.endpoint == "chat" else "prompt"
+        body = {"model": parsed.model, key: parsed.body[key]}
+        try:
+            async with self._session.post(
+                worker.spec.url + "/tokenize",
+                json=body,
+                timeout=aiohttp.ClientTimeout(total=2.0),
+            ) as resp:
+                if resp.status == 200:
+                    return int((await resp.json())["count"])
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
+            pass
+        return estimate
 
     async def _dispatch(
         self,

@@ -219,9 +219,7 @@ class WorkerPool:
                 "last_check_age_s": None if w.last_check is None else round(now - w.last_check, 3),
                 "last_error": w.last_error,
                 "scraped": dict(w.gauges),
-                "scraped_age_s": None
-                if w.scraped_at is None
-                else round(now - w.scraped_at, 3),
+                "scraped_age_s": None if w.scraped_at is None else round(now - w.scraped_at, 3),
             }
             for w in self.workers
         ]

@@ -65,6 +65,15 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     return resp
 
 
+async def _tokenize(request: web.Request) -> web.Response:
+    """A stand-in for vLLM's /tokenize: one token per whitespace-separated word."""
+    body = await request.json()
+    text = body.get("prompt") or " ".join(
+        str(m.get("content", "")) for m in body.get("messages") or []
+    )
+    return web.json_response({"count": len(str(text).split()), "max_model_len": 4096})
+
+
 async def _health(request: web.Request) -> web.Response:
     return web.Response(text="")
 
@@ -74,6 +83,7 @@ def make_app(delay_ms: float = 0.0) -> web.Application:
     app["delay_ms"] = delay_ms
     app.router.add_post("/v1/completions", _generate)
     app.router.add_post("/v1/chat/completions", _generate)
+    app.router.add_post("/tokenize", _tokenize)
     app.router.add_get("/health", _health)
     return app
 

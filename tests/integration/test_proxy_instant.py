@@ -136,3 +136,15 @@ def test_client_disconnect_releases_the_slot() -> None:
         while httpx.get(url + "/status").json()["in_flight"] != 0:
             assert time.monotonic() < deadline, "slot not released after disconnect"
             time.sleep(0.05)
+
+
+def test_worker_tokenizer_count_drives_classification(upstream: str) -> None:
+    rules = [{"min_prompt_tokens": 100, "class": "rag"}]
+    prompt = " ".join(["a"] * 150)  # 299 characters: about 75 by the heuristic, 150 words
+    for use, expected in ((False, "chat"), (True, "rag")):
+        tokens = {"use_worker_tokenizer": use, "tokenizer_min_chars": 10}
+        with gateway(settings(upstream, rules=rules, tokens=tokens)) as url:
+            r = httpx.post(url + "/v1/completions", json={"model": "m", "prompt": prompt})
+            assert r.status_code == 200
+            text = httpx.get(url + "/metrics").text
+            assert f'hearthgate_admitted_total{{app="anonymous",cls="{expected}"}} 1.0' in text

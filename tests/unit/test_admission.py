@@ -20,9 +20,7 @@ class Clock:
         return self.t
 
 
-def make(
-    max_in_flight: int = 1, **cls_kw: object
-) -> tuple[AdmissionController, Clock, Scheduler]:
+def make(max_in_flight: int = 1, **cls_kw: object) -> tuple[AdmissionController, Clock, Scheduler]:
     clock = Clock()
     sched = Scheduler([ClassPolicy("chat", 1, interactive=True, **cls_kw)])  # type: ignore[arg-type]
     snaps = [WorkerSnapshot("w0", limits=WorkerBudget(max_in_flight=max_in_flight))]
