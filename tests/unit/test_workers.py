@@ -1,0 +1,65 @@
+"""Worker pool bookkeeping: scraped vLLM gauges, staleness, snapshots for the scheduler."""
+
+from __future__ import annotations
+
+from gateway.metrics import GatewayMetrics
+from gateway.settings import Health, Worker
+from gateway.workers import WorkerPool, parse_vllm_gauges
+
+PAGE = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 2.0
+vllm:num_requests_waiting{engine="1",model_name="m"} 1.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{engine="0",model_name="m"} 7.0
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1",model_name="m"} 4.0
+"""
+
+
+def test_parse_sums_engines_and_ignores_the_rest() -> None:
+    assert parse_vllm_gauges(PAGE) == {
+        "vllm:num_requests_running": 3.0,
+        "vllm:num_requests_waiting": 3.0,
+        "vllm:kv_cache_usage_perc": 0.25,
+        "vllm:num_preemptions_total": 7.0,
+    }
+
+
+class Clock:
+    t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_stale_gauges_are_unknown_not_idle() -> None:
+    clock = Clock()
+    spec = Worker(name="w", url="http://127.0.0.1:1", models=["m"])
+    pool = WorkerPool([spec], Health(interval_s=1.0), GatewayMetrics(["m"]), clock=clock)
+    w = pool.workers[0]
+    w.gauges, w.scraped_at = parse_vllm_gauges(PAGE), 0.0
+    clock.t = 2.9
+    pool.refresh_gauges()
+    snap = pool.snapshots()[0]
+    assert snap.scraped_waiting == 3.0 and snap.kv_usage == 0.25
+    clock.t = 3.1  # older than three intervals
+    pool.refresh_gauges()
+    snap = pool.snapshots()[0]
+    assert snap.scraped_waiting is None and snap.kv_usage is None
+
+
+def test_down_worker_is_unhealthy_in_snapshots_and_not_picked() -> None:
+    specs = [Worker(name=n, url="http://127.0.0.1:1", models=["m"]) for n in ("a", "b")]
+    pool = WorkerPool(specs, Health(), GatewayMetrics(["m"]))
+    pool.mark_down(pool.by_name["a"], "refused")
+    assert [s.healthy for s in pool.snapshots()] == [False, True]
+    picked = pool.pick("m")
+    assert picked is not None and picked.name == "b"
+    assert pool.pick("m", exclude={"b"}) is None
+    assert pool.pick("other") is None
