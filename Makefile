@@ -21,7 +21,7 @@ help:
 $(VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[dev]'
+	$(VENV)/bin/pip install -q -e '.[dev,bench]'
 	touch $@
 
 # vLLM lives in its own environment: it pins dozens of packages the gateway must not inherit.
@@ -56,6 +56,9 @@ e2e: setup
 
 test: setup lint typecheck
 	$(VENV)/bin/pytest -q tests
+
+bench: setup
+	$(VENV)/bin/hearthgate bench compare home-mix --targets local --out loadtests/results
 
 bench-overhead: setup
 	$(VENV)/bin/python -m loadtests.overhead

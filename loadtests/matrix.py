@@ -1,0 +1,136 @@
+"""Run several workloads against several targets, bringing each target up through the
+launcher: the engine behind `compare` (one workload, rounds interleaved over targets) and
+`sweep` (several rates, target-major so each target's workers start once)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from loadtests import bench
+from loadtests.prompts import Calibration
+from loadtests.runner import Endpoints
+from loadtests.scenario import Scenario, ScenarioError
+from loadtests.targets import Launcher, TargetsFile, TargetSpec
+from loadtests.workload import PlannedRequest, plan
+
+
+@dataclass(frozen=True)
+class Options:
+    prime: bool = True
+    prime_rounds: int = 1
+    calibrate: bool = True
+    tokenize_url: str | None = None
+    progress: bool = True
+    # After a worker (re)start, this many seconds of the workload are run and thrown away:
+    # a fresh CPU worker is much slower for its first minute (VLLM_CPU.md).
+    restart_warmup_s: float = 20.0
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run: a point (workload label) against a target in a round."""
+
+    point: str
+    target: str
+    round: int
+    outcome: bench.TargetOutcome
+
+
+def _base(url: str | None) -> str | None:
+    return url.removesuffix("/metrics") if url else None
+
+
+def _app_env(sc: Scenario) -> dict[str, str]:
+    return {a.key_env: a.resolve_key(n) for n, a in sc.apps.items() if a.key_env}
+
+
+def run_matrix(
+    points: list[tuple[str, Scenario]],
+    targets: TargetsFile,
+    opts: Options,
+    *,
+    rounds: int = 1,
+    order: Literal["round-major", "target-major"] = "round-major",
+    launcher_factory: Callable[..., Launcher] = Launcher,
+    log: bench.Log = bench.stderr_log,
+) -> tuple[Calibration, dict[str, list[PlannedRequest]], list[Cell]]:
+    """Run every (point, target, round). round-major: for each round, each target, each point
+    (compare: targets interleaved). target-major: for each target, each round, each point
+    (sweep: a target's workers start once). The prompt calibration is measured once, on the
+    first target brought up, and shared, so every target gets identical requests."""
+    first = points[0][1]
+    need_embed = any(f.endpoint == "embeddings" for _, sc in points for f in sc.flows)
+    cal: Calibration | None = None
+    plans: dict[str, list[PlannedRequest]] = {}
+    cells: list[Cell] = []
+    if order == "round-major":
+        schedule = [(r, t) for r in range(rounds) for t in targets.targets]
+    else:
+        schedule = [(r, t) for t in targets.targets for r in range(rounds)]
+
+    def calibration_for(endpoints: Endpoints) -> Calibration:
+        if not opts.calibrate:
+            return Calibration()
+        gen = opts.tokenize_url or _base(endpoints.worker_metrics) or endpoints.base_url
+        emb = _base(endpoints.embed_metrics) or endpoints.embed_url
+        return asyncio.run(bench.calibrate_for(first, gen, emb, log))
+
+    with launcher_factory(targets, need_embed=need_embed, env=_app_env(first)) as launcher:
+        for rnd, spec in schedule:
+            endpoints = launcher.up(spec)
+            fresh = launcher.restarted
+            if cal is None:
+                cal = calibration_for(endpoints)
+            if fresh and opts.restart_warmup_s > 0:
+                warm_up_fresh_worker(points[0][1], cal, endpoints, opts, log)
+            for label, sc in points:
+                if label not in plans:
+                    plans[label] = plan(sc, cal)
+                # A freshly started worker compiles graphs for new shapes: warm it up longer.
+                outcome = bench.run_one(
+                    sc,
+                    plans[label],
+                    endpoints,
+                    prime_reqs=bench.priming(sc, cal, opts.prime),
+                    prime_rounds=opts.prime_rounds + (1 if fresh else 0),
+                    progress=opts.progress,
+                    log=log,
+                    info=target_info(spec, rnd),
+                )
+                fresh = False
+                cells.append(Cell(label, spec.name, rnd, outcome))
+    assert cal is not None
+    return cal, plans, cells
+
+
+def warm_up_fresh_worker(
+    sc: Scenario, cal: Calibration, endpoints: Endpoints, opts: Options, log: bench.Log
+) -> None:
+    """Run `opts.restart_warmup_s` seconds of the workload (another seed) and discard it."""
+    try:
+        warm = sc.with_overrides(duration_s=opts.restart_warmup_s, warmup_s=0, seed=sc.seed + 1)
+    except ScenarioError:
+        return  # no flow starts that early: the priming requests will have to do
+    log(f"bench: {endpoints.name}: fresh worker, {opts.restart_warmup_s:g} s of load first")
+    bench.run_one(
+        warm,
+        plan(warm, cal),
+        endpoints,
+        prime_reqs=bench.priming(warm, cal, opts.prime),
+        prime_rounds=1,
+        progress=opts.progress,
+        log=log,
+    )
+
+
+def target_info(spec: TargetSpec, rnd: int) -> dict[str, object]:
+    return {
+        "kind": spec.kind,
+        "describe": spec.description or spec.describe(),
+        "worker_args": list(spec.worker_args),
+        "send_priority": spec.send_priority,
+        "round": rnd + 1,
+    }

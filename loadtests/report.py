@@ -1,0 +1,259 @@
+"""Turn one run's records into the per-class goodput summary.
+
+Definitions (the markdown report repeats them):
+
+- *Measured* requests are those scheduled at or after `warmup_s`; each ends as exactly one of
+  completed (2xx, full response), rejected (HTTP 429 or 503) or failed (anything else:
+  other status, connection error, timeout, broken stream).
+- A request is *good* when it completed and met its class's SLO: TTFT <= `ttft_s` (for a
+  non-streamed request TTFT is the time to the whole response) and its inter-token statistic
+  (`itl_stat`: tpot = mean gap after the first token, default; p99_gap; max_gap) <= `itl_s`.
+  A missing target is met. Rejections and failures are misses.
+- *attainment* = good / measured requests; *goodput_rps* = good / (duration_s - warmup_s).
+- Latency percentiles are over completed measured requests; `itl_*` pools every inter-token
+  gap of those requests, `max_gap_*` is over each request's largest gap.
+- Token rates count tokens as they arrive (input tokens at the first token, output tokens
+  spread over the token chunks, non-streamed ones at the end), from any request, inside the
+  steady window [warmup_s, duration_s), divided by its length. `drain_s` is the time from the
+  end of arrivals until the last request of the class finished.
+- Fairness: an app's *service* is `w_in * input + w_out * output` tokens delivered in the
+  steady window (1 and 2, as the gateway's VTC charges). `jain_service` is Jain's index over
+  service / weight; `jain_maxmin` is Jain's index over service / (its weighted max-min fair
+  share of the delivered total given each app's demand, the service its measured requests
+  asked for). 1 is fair; a flooding app that gets less than it asks for is not unfair.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from loadtests.records import RequestRecord, Sample
+from loadtests.runner import RunResult
+from loadtests.scenario import Scenario, Slo
+from loadtests.stats import jain_index, max_min_fair, mean, percentile
+
+W_IN = 1.0
+W_OUT = 2.0
+
+
+def _r(x: float | None, nd: int = 4) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def itl_statistic(rec: RequestRecord, stat: str) -> float | None:
+    if stat == "tpot":
+        return rec.tpot_s
+    gaps = rec.gaps_s
+    if not gaps:
+        return None
+    if stat == "p99_gap":
+        return percentile(gaps, 99)
+    return max(gaps)
+
+
+def meets_slo(rec: RequestRecord, slo: Slo) -> bool:
+    """Completed and within both targets (see the module docstring)."""
+    if rec.outcome != "ok":
+        return False
+    ttft = rec.ttft_s
+    if slo.ttft_s is not None and (ttft is None or ttft > slo.ttft_s):
+        return False
+    if slo.itl_s is not None and rec.stream:
+        value = itl_statistic(rec, slo.itl_stat)
+        if value is not None and value > slo.itl_s:
+            return False
+    return True
+
+
+def _output_weight(rec: RequestRecord) -> float:
+    """Output tokens represented by each token chunk."""
+    if not rec.chunk_s:
+        return 0.0
+    if rec.output_tokens is not None:
+        return rec.output_tokens / len(rec.chunk_s)
+    return 1.0 if rec.stream else 0.0
+
+
+def window_tokens(recs: Iterable[RequestRecord], lo: float, hi: float) -> tuple[float, float]:
+    """(input, output) tokens that arrived within [lo, hi)."""
+    tin = tout = 0.0
+    for rec in recs:
+        if not rec.chunk_s:
+            continue
+        if lo <= rec.chunk_s[0] < hi:
+            tin += rec.prompt_tokens if rec.prompt_tokens is not None else 0
+        w = _output_weight(rec)
+        if w:
+            tout += w * sum(1 for t in rec.chunk_s if lo <= t < hi)
+    return tin, tout
+
+
+def class_summary(
+    recs: Sequence[RequestRecord], slo: Slo, *, duration_s: float, warmup_s: float
+) -> dict[str, Any]:
+    """The statistics of one class in one run (`recs` = all its records, warm-up included)."""
+    measured = [r for r in recs if not r.warmup]
+    ok = [r for r in measured if r.outcome == "ok"]
+    good = [r for r in measured if meets_slo(r, slo)]
+    steady = duration_s - warmup_s
+    ttft = [t for r in ok if (t := r.ttft_s) is not None]
+    e2e = [t for r in ok if (t := r.e2e_s) is not None]
+    tpot = [t for r in ok if (t := r.tpot_s) is not None]
+    gaps = [g for r in ok for g in r.gaps_s]
+    max_gaps = [g for r in ok if (g := r.max_gap_s) is not None]
+    tin, tout = window_tokens(recs, warmup_s, duration_s)
+    ends = [r.end_s for r in recs if r.end_s is not None]
+    n = len(measured)
+    return {
+        "requests": n,
+        "completed": len(ok),
+        "rejected": sum(r.outcome == "rejected" for r in measured),
+        "failed": sum(r.outcome == "failed" for r in measured),
+        "good": len(good),
+        "attainment": _r(len(good) / n) if n else None,
+        "goodput_rps": _r(len(good) / steady),
+        "ttft_p50_s": _r(percentile(ttft, 50)),
+        "ttft_p90_s": _r(percentile(ttft, 90)),
+        "ttft_p99_s": _r(percentile(ttft, 99)),
+        "tpot_p50_s": _r(percentile(tpot, 50)),
+        "tpot_p99_s": _r(percentile(tpot, 99)),
+        "itl_p50_s": _r(percentile(gaps, 50)),
+        "itl_p99_s": _r(percentile(gaps, 99)),
+        "max_gap_p50_s": _r(percentile(max_gaps, 50)),
+        "max_gap_p99_s": _r(percentile(max_gaps, 99)),
+        "max_gap_max_s": _r(max(max_gaps) if max_gaps else None),
+        "e2e_p50_s": _r(percentile(e2e, 50)),
+        "e2e_p99_s": _r(percentile(e2e, 99)),
+        "input_tokens_per_s": _r(tin / steady, 2),
+        "output_tokens_per_s": _r(tout / steady, 2),
+        "prompt_tokens_mean": _r(mean([float(r.prompt_tokens) for r in ok if r.prompt_tokens])),
+        "output_tokens_mean": _r(mean([float(r.output_tokens) for r in ok if r.output_tokens])),
+        "drain_s": _r(max(0.0, max(ends) - duration_s) if ends else None, 3),
+        "slo": slo.model_dump(),
+    }
+
+
+def _service(recs: Iterable[RequestRecord], lo: float, hi: float) -> float:
+    tin, tout = window_tokens(recs, lo, hi)
+    return W_IN * tin + W_OUT * tout
+
+
+def _demand(recs: Iterable[RequestRecord]) -> float:
+    return sum(
+        W_IN * r.prompt_tokens_requested + W_OUT * (r.output_tokens_requested or 0)
+        for r in recs
+        if not r.warmup
+    )
+
+
+def fairness(
+    recs: Sequence[RequestRecord], weights: dict[str, float], *, duration_s: float, warmup_s: float
+) -> dict[str, Any]:
+    """Per-app service, share and the two Jain indices over `recs` (one class, or all)."""
+    by_app: dict[str, list[RequestRecord]] = defaultdict(list)
+    for r in recs:
+        by_app[r.app].append(r)
+    service = {a: _service(rs, warmup_s, duration_s) for a, rs in by_app.items()}
+    demand = {a: _demand(rs) for a, rs in by_app.items()}
+    total = sum(service.values())
+    fair = max_min_fair(total, demand, weights)
+    apps = sorted(a for a in by_app if demand[a] > 0 or service[a] > 0)
+    ratios = [service[a] / fair[a] for a in apps if fair[a] > 0]
+    return {
+        "jain_service": _r(jain_index([service[a] / weights.get(a, 1.0) for a in apps])),
+        "jain_maxmin": _r(jain_index([min(x, 1.0) for x in ratios])) if ratios else None,
+        "apps": {
+            a: {
+                "service": round(service[a], 1),
+                "share": _r(service[a] / total) if total else None,
+                "demand_share": _r(demand[a] / sum(demand.values())) if demand[a] else 0.0,
+                "fair_share": _r(fair[a] / total) if total else None,
+                "weight": weights.get(a, 1.0),
+            }
+            for a in apps
+        },
+    }
+
+
+def server_summary(samples: Sequence[Sample]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per source and metric: mean, max and (for counters) the increase over the run."""
+    series: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for s in sorted(samples, key=lambda s: s.t_s):
+        for k, v in s.values.items():
+            series[s.source][k].append(v)
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for src, metrics in sorted(series.items()):
+        out[src] = {}
+        for k, vs in sorted(metrics.items()):
+            row = {"mean": round(sum(vs) / len(vs), 4), "max": round(max(vs), 4)}
+            if k.endswith("_total"):
+                row["increase"] = round(vs[-1] - vs[0], 4)
+            out[src][k] = row
+    return out
+
+
+def summarize(result: RunResult, scenario: Scenario) -> dict[str, Any]:
+    """The summary of one target's run: run health, per-class stats, fairness, server side."""
+    recs = result.records
+    dur, warm = result.duration_s, result.warmup_s
+    by_class: dict[str, list[RequestRecord]] = defaultdict(list)
+    for r in recs:
+        by_class[r.klass].append(r)
+    used = {f.klass for f in scenario.flows}
+    classes = {
+        c: class_summary(by_class.get(c, []), spec.slo, duration_s=dur, warmup_s=warm)
+        for c, spec in scenario.classes.items()
+        if c in used
+    }
+    weights = {a: spec.weight for a, spec in scenario.apps.items()}
+    measured = [r for r in recs if not r.warmup]
+    lags = [x for r in recs if (x := r.send_lag_s) is not None]
+    ends = [r.end_s for r in recs if r.end_s is not None]
+    interactive = [c for c in classes if scenario.classes[c].interactive]
+    inter_n = sum(classes[c]["requests"] for c in interactive)
+    inter_good = sum(classes[c]["good"] for c in interactive)
+    background = [c for c in classes if c not in interactive]
+    errors: dict[str, int] = defaultdict(int)
+    for r in measured:
+        if r.error:
+            errors[r.error[:120]] += 1
+    return {
+        "run": {
+            "started_at": result.started_at,
+            "requests": len(measured),
+            "warmup_requests": len(recs) - len(measured),
+            "completed": sum(r.outcome == "ok" for r in measured),
+            "rejected": sum(r.outcome == "rejected" for r in measured),
+            "failed": sum(r.outcome == "failed" for r in measured),
+            "steady_window_s": [warm, dur],
+            "drain_s": _r(max(0.0, max(ends) - dur) if ends else None, 3),
+            "send_lag_p99_s": _r(percentile(lags, 99)),
+            "send_lag_max_s": _r(max(lags) if lags else None),
+            "sampler_errors": result.sampler_errors,
+            # The generator's own CPU use: near 1.0 means it, not the server, may be the limit.
+            "client_cpu_share": _r(result.client_cpu_s / result.wall_s, 3)
+            if result.client_cpu_s is not None and result.wall_s
+            else None,
+            "top_errors": dict(sorted(errors.items(), key=lambda kv: -kv[1])[:5]),
+        },
+        "interactive": {
+            "classes": interactive,
+            "attainment": _r(inter_good / inter_n) if inter_n else None,
+            "background_output_tokens_per_s": round(
+                sum(classes[c]["output_tokens_per_s"] or 0.0 for c in background), 2
+            ),
+            "goodput_rps": round(sum(classes[c]["goodput_rps"] or 0.0 for c in classes), 3),
+        },
+        "classes": classes,
+        "fairness": {
+            **{
+                c: fairness(rs, weights, duration_s=dur, warmup_s=warm)
+                for c, rs in sorted(by_class.items())
+                if len({r.app for r in rs}) > 1
+            },
+            "all": fairness(recs, weights, duration_s=dur, warmup_s=warm),
+        },
+        "server": server_summary(result.samples),
+    }

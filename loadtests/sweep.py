@@ -1,0 +1,219 @@
+"""`bench sweep`: raise the arrival rate to find each target's capacity, and compare settings.
+
+Each target (a setting: worker flags, or the gateway with a settings file) is brought up once
+and run at every rate scale, lowest first. A target's *capacity* is the highest rate scale up
+to which interactive attainment stays at or above the threshold (90% by default) at every
+tested rate. The *goodput frontier* plots interactive attainment against background output
+tokens/s for every (target, rate) point. The recommended setting is the one with the highest
+capacity, ties broken by goodput (good requests per second) at that rate: the setting that
+completes the most work within the targets, not the one with the most raw tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+from typing import Any
+
+from loadtests import bench, plots
+from loadtests.markdown import _fmt, _table
+from loadtests.matrix import Options, run_matrix
+from loadtests.records import write_jsonl
+from loadtests.repeats import merge_runs
+from loadtests.report import summarize
+from loadtests.scenario import Scenario, ScenarioError
+
+
+def parse_rates(text: str) -> list[float]:
+    try:
+        rates = sorted({float(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise ScenarioError(f"--rates {text!r}: expected comma-separated numbers") from None
+    if not rates or rates[0] <= 0:
+        raise ScenarioError(f"--rates {text!r}: expected positive numbers")
+    return rates
+
+
+def capacity(points: list[dict[str, Any]], threshold: float) -> float | None:
+    """Highest rate scale such that every tested rate up to it meets the threshold."""
+    best: float | None = None
+    for p in sorted(points, key=lambda p: p["rate_scale"]):
+        att = p["interactive_attainment"]
+        if att is None or att < threshold:
+            break
+        best = p["rate_scale"]
+    return best
+
+
+def recommend(targets: dict[str, dict[str, Any]]) -> str | None:
+    """The target with the highest capacity, ties broken by goodput at that rate."""
+
+    def score(name: str) -> tuple[float, float]:
+        t = targets[name]
+        cap = t["capacity_rate_scale"]
+        if cap is None:
+            return (-1.0, 0.0)
+        at = next(p for p in t["points"] if p["rate_scale"] == cap)
+        return (cap, at["goodput_rps"] or 0.0)
+
+    names = sorted(targets)
+    return max(names, key=score) if names else None
+
+
+def sweep_summary(
+    base: Scenario,
+    rates: list[float],
+    per_point: dict[str, dict[float, list[bench.TargetOutcome]]],
+    scenarios: dict[float, Scenario],
+    threshold: float,
+    calibration: dict[str, Any],
+) -> dict[str, Any]:
+    targets: dict[str, dict[str, Any]] = {}
+    for name, by_rate in per_point.items():
+        points = []
+        for rate in rates:
+            outs = by_rate.get(rate, [])
+            if not outs:
+                continue
+            s = merge_runs([summarize(o.result, scenarios[rate]) for o in outs])
+            points.append(
+                {
+                    "rate_scale": rate,
+                    "interactive_attainment": s["interactive"]["attainment"],
+                    "background_output_tokens_per_s": s["interactive"][
+                        "background_output_tokens_per_s"
+                    ],
+                    "goodput_rps": s["interactive"]["goodput_rps"],
+                    "classes": {
+                        c: {
+                            k: cs[k]
+                            for k in (
+                                "attainment",
+                                "completed",
+                                "rejected",
+                                "failed",
+                                "ttft_p50_s",
+                                "ttft_p99_s",
+                                "output_tokens_per_s",
+                            )
+                        }
+                        for c, cs in s["classes"].items()
+                    },
+                }
+            )
+        info = next(iter(by_rate.values()))[0].info if by_rate else {}
+        targets[name] = {
+            "target": info,
+            "points": points,
+            "capacity_rate_scale": capacity(points, threshold),
+        }
+    return {
+        "version": 1,
+        "kind": "sweep",
+        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "scenario": {"name": base.name, "seed": base.seed, "duration_s": base.duration_s},
+        "calibration": calibration,
+        "threshold": threshold,
+        "rate_scales": rates,
+        "targets": targets,
+        "recommended": recommend(targets),
+    }
+
+
+def render_sweep(summary: dict[str, Any]) -> str:
+    lines = [
+        f"# Sweep: {summary['scenario']['name']}",
+        "",
+        f"Capacity = highest rate scale with interactive attainment >= "
+        f"{100 * summary['threshold']:.0f}% at every rate up to it. "
+        f"Recommended (highest capacity, then goodput): **{summary['recommended']}**.",
+        "",
+    ]
+    rows = []
+    for name, t in summary["targets"].items():
+        for p in t["points"]:
+            rows.append(
+                [
+                    name,
+                    _fmt(p["rate_scale"]),
+                    _fmt(p["interactive_attainment"], "pct"),
+                    _fmt(p["background_output_tokens_per_s"]),
+                    _fmt(p["goodput_rps"]),
+                ]
+            )
+    lines += _table(
+        ["target", "rate scale", "interactive attainment", "background out tok/s", "goodput"],
+        rows,
+    )
+    lines += _table(
+        ["target", "description", "capacity (rate scale)"],
+        [
+            [n, str(t["target"].get("describe", "")), _fmt(t["capacity_rate_scale"])]
+            for n, t in summary["targets"].items()
+        ],
+    )
+    for p in summary.get("plots", []):
+        lines += [f"![{p}]({p})", ""]
+    return "\n".join(lines)
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    from loadtests.cli import _options, _scenario, _targets_for
+
+    base = _scenario(args)
+    rates = parse_rates(args.rates)
+    classes = {c.strip() for c in args.classes.split(",")} if args.classes else None
+    if classes and (unknown := classes - set(base.classes)):
+        raise ScenarioError(f"--classes: unknown classes {', '.join(sorted(unknown))}")
+    scenarios = {r: base.with_overrides(rate_scale=r, classes=classes) for r in rates}
+    tf = _targets_for(args)
+    opts: Options = _options(args)
+    cal, _, cells = run_matrix(
+        [(f"x{r:g}", scenarios[r]) for r in rates],
+        tf,
+        opts,
+        rounds=args.repeat,
+        order="target-major",
+    )
+    label_rate = {f"x{r:g}": r for r in rates}
+    per_point: dict[str, dict[float, list[bench.TargetOutcome]]] = {}
+    for cell in cells:
+        per_point.setdefault(cell.target, {}).setdefault(label_rate[cell.point], []).append(
+            cell.outcome
+        )
+    summary = sweep_summary(base, rates, per_point, scenarios, args.threshold, cal.to_json())
+    tag = args.tag or f"{base.name}-sweep"
+    args.out.mkdir(parents=True, exist_ok=True)
+    plot_names: list[str] = []
+    if not args.no_plots and plots.available():
+        pts = {
+            n: [(p["rate_scale"], p["interactive_attainment"]) for p in t["points"]]
+            for n, t in summary["targets"].items()
+        }
+        plot_names.append(
+            plots.attainment_vs_rate(pts, args.out / f"{tag}-attainment.png", args.threshold).name
+        )
+        front = [
+            (
+                f"{n} x{p['rate_scale']:g}",
+                p["background_output_tokens_per_s"],
+                p["interactive_attainment"],
+            )
+            for n, t in summary["targets"].items()
+            for p in t["points"]
+        ]
+        plot_names.append(
+            plots.frontier(front, args.out / f"{tag}-frontier.png", args.threshold).name
+        )
+    summary["plots"] = plot_names
+    (args.out / f"{tag}.summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (args.out / f"{tag}.md").write_text(render_sweep(summary))
+    if not args.no_raw:
+        raw = args.out / "raw" / tag
+        for cell in cells:
+            key = f"{cell.target}-{cell.point}-r{cell.round + 1}"
+            write_jsonl(raw / f"{key}.records.jsonl", cell.outcome.result.records)
+            write_jsonl(raw / f"{key}.samples.jsonl", cell.outcome.result.samples)
+    print(render_sweep(summary))
+    return 0

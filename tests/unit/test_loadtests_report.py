@@ -1,0 +1,252 @@
+"""Percentile, fairness and attainment math on hand-computed cases."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from loadtests.records import RequestRecord, classify_status
+from loadtests.repeats import merge_runs
+from loadtests.report import class_summary, fairness, meets_slo, window_tokens
+from loadtests.scenario import Slo
+from loadtests.stats import jain_index, max_min_fair, percentile
+
+
+def test_percentile_linear_interpolation() -> None:
+    xs = [4.0, 1.0, 3.0, 2.0]
+    assert percentile(xs, 0) == 1.0
+    assert percentile(xs, 100) == 4.0
+    assert percentile(xs, 50) == 2.5  # rank 1.5 between 2 and 3
+    assert percentile(xs, 90) == pytest.approx(3.7)  # rank 2.7
+    assert percentile([7.0], 99) == 7.0
+    assert percentile([], 50) is None
+    with pytest.raises(ValueError):
+        percentile(xs, 101)
+
+
+def test_jain_index() -> None:
+    assert jain_index([1, 1, 1, 1]) == 1.0
+    assert jain_index([1, 0, 0, 0]) == 0.25
+    assert jain_index([3, 1]) == pytest.approx(16 / (2 * 10))
+    assert jain_index([0, 0]) == 1.0
+    assert jain_index([]) is None
+
+
+def test_max_min_fair() -> None:
+    # capacity 10: the small demand (2) is met, the other two split the rest equally.
+    assert max_min_fair(10, {"a": 2, "b": 100, "c": 100}) == pytest.approx({"a": 2, "b": 4, "c": 4})
+    # weights 2:1 between two heavy apps.
+    assert max_min_fair(9, {"a": 100, "b": 100}, {"a": 2}) == pytest.approx({"a": 6, "b": 3})
+    # enough for everyone.
+    assert max_min_fair(50, {"a": 5, "b": 7}) == pytest.approx({"a": 5, "b": 7})
+    assert max_min_fair(5, {"a": 0, "b": 10}) == pytest.approx({"a": 0, "b": 5})
+
+
+def test_classify_status() -> None:
+    assert classify_status(200, None) == "ok"
+    assert classify_status(429, "HTTP 429") == "rejected"
+    assert classify_status(503, "HTTP 503") == "rejected"
+    assert classify_status(500, "HTTP 500") == "failed"
+    assert classify_status(200, "stream ended without [DONE]") == "failed"
+    assert classify_status(None, "ClientConnectorError") == "failed"
+
+
+def rec(
+    i: int,
+    *,
+    sent: float = 10.0,
+    chunks: list[float] | None = None,
+    outcome: str = "ok",
+    out: int | None = None,
+    warmup: bool = False,
+    app: str = "a",
+    prompt: int = 100,
+    stream: bool = True,
+) -> RequestRecord:
+    chunks = chunks if chunks is not None else []
+    r = RequestRecord(
+        id=f"r{i}",
+        target="t",
+        flow="chat/a",
+        klass="chat",
+        app=app,
+        endpoint="chat",
+        stream=stream,
+        warmup=warmup,
+        scheduled_s=sent,
+        prompt_tokens_requested=prompt,
+        output_tokens_requested=out if out is not None else len(chunks),
+        sent_s=sent,
+        end_s=(chunks[-1] if chunks else sent + 0.01),
+        chunk_s=chunks,
+        prompt_tokens=prompt if outcome == "ok" else None,
+        output_tokens=(out if out is not None else len(chunks)) if outcome == "ok" else None,
+        status={"ok": 200, "rejected": 429, "failed": 500}[outcome],
+        error=None if outcome == "ok" else "x",
+    )
+    r.outcome = outcome  # type: ignore[assignment]
+    return r
+
+
+SLO = Slo(ttft_s=0.5, itl_s=0.05)
+
+
+def test_timings_of_one_record() -> None:
+    r = rec(0, sent=10.0, chunks=[10.2, 10.22, 10.26, 10.30])
+    assert r.ttft_s == pytest.approx(0.2)
+    assert r.gaps_s == pytest.approx([0.02, 0.04, 0.04])
+    assert r.tpot_s == pytest.approx(0.1 / 3)
+    assert r.max_gap_s == pytest.approx(0.04)
+    assert r.e2e_s == pytest.approx(0.3)
+
+
+def test_meets_slo_each_way() -> None:
+    assert meets_slo(rec(0, chunks=[10.2, 10.22, 10.24]), SLO)
+    assert not meets_slo(rec(1, chunks=[10.6, 10.62, 10.64]), SLO)  # TTFT 600 ms
+    assert not meets_slo(rec(2, chunks=[10.2, 10.3, 10.4]), SLO)  # TPOT 100 ms
+    assert not meets_slo(rec(3, outcome="rejected"), SLO)
+    assert not meets_slo(rec(4, outcome="failed"), SLO)
+    # Mean gap within target but one long stall: good by TPOT, a miss by max_gap.
+    stall = rec(5, chunks=[10.1, 10.11, 10.12, 10.13, 10.14, 10.15, 10.16, 10.17, 10.18, 10.38])
+    assert meets_slo(stall, SLO)
+    assert not meets_slo(stall, Slo(ttft_s=0.5, itl_s=0.05, itl_stat="max_gap"))
+    assert meets_slo(rec(6, chunks=[10.9]), Slo())  # no targets: completing is enough
+
+
+def test_class_summary_counts_and_attainment() -> None:
+    recs = [
+        rec(0, chunks=[10.1, 10.12, 10.14]),  # good, TTFT 0.1
+        rec(1, chunks=[10.3, 10.32, 10.34]),  # good, TTFT 0.3
+        rec(2, chunks=[10.7, 10.72, 10.74]),  # completed, TTFT miss (0.7)
+        rec(3, chunks=[10.2, 10.4, 10.6]),  # completed, TPOT miss (0.2)
+        rec(4, outcome="rejected"),
+        rec(5, outcome="failed"),
+        rec(6, chunks=[5.1, 5.2], sent=5.0, warmup=True),  # warm-up: not measured
+    ]
+    s = class_summary(recs, SLO, duration_s=20, warmup_s=6)
+    assert (s["requests"], s["completed"], s["rejected"], s["failed"]) == (6, 4, 1, 1)
+    assert s["requests"] == s["completed"] + s["rejected"] + s["failed"]
+    assert s["good"] == 2
+    assert s["attainment"] == pytest.approx(2 / 6, abs=1e-4)
+    assert s["goodput_rps"] == pytest.approx(2 / 14, abs=1e-4)
+    # TTFT over completed measured: 0.1, 0.2, 0.3, 0.7 -> p50 = 0.25, p99 rank 2.97.
+    assert s["ttft_p50_s"] == pytest.approx(0.25)
+    assert s["ttft_p99_s"] == pytest.approx(0.3 + 0.97 * 0.4, abs=1e-4)
+    # Output tokens inside [6, 20): 4 completed x 3 chunks; the warm-up one is outside.
+    assert s["output_tokens_per_s"] == pytest.approx(12 / 14, abs=0.01)
+    assert s["input_tokens_per_s"] == pytest.approx(400 / 14, abs=0.01)
+
+
+def test_empty_class() -> None:
+    s = class_summary([], SLO, duration_s=10, warmup_s=0)
+    assert s["requests"] == 0 and s["attainment"] is None and s["ttft_p50_s"] is None
+
+
+def test_window_tokens_spreads_usage_over_chunks() -> None:
+    # usage says 6 tokens over 3 chunks: 2 per chunk; 2 chunks fall in the window.
+    r = rec(0, chunks=[1.0, 2.0, 3.0], out=6, prompt=50)
+    assert window_tokens([r], 1.5, 10) == (0.0, 4.0)
+    assert window_tokens([r], 0, 10) == (50.0, 6.0)
+    # A non-streamed response counts at its end.
+    ns = rec(1, chunks=[4.0], out=128, stream=False)
+    assert window_tokens([ns], 0, 10) == (100.0, 128.0)
+
+
+def test_fairness_flooding_app_is_not_unfair() -> None:
+    quiet = [rec(i, app="quiet", chunks=[10.0 + i, 10.5 + i], prompt=10) for i in range(5)]
+    loud = [rec(100 + i, app="loud", chunks=[10.0, 10.1], prompt=10) for i in range(30)]
+    loud += [rec(200 + i, app="loud", outcome="rejected", prompt=1000) for i in range(30)]
+    f = fairness(quiet + loud, {"quiet": 1.0, "loud": 1.0}, duration_s=100, warmup_s=0)
+    # quiet asked for little and got all of it; loud got the rest: max-min fair.
+    assert f["jain_maxmin"] == pytest.approx(1.0)
+    assert f["jain_service"] < 0.9
+    assert f["apps"]["quiet"]["share"] + f["apps"]["loud"]["share"] == pytest.approx(1.0)
+
+
+def _class_run(att: float, good: int, n: int, ttft: float) -> dict[str, Any]:
+    return {
+        "requests": n,
+        "completed": n,
+        "rejected": 0,
+        "failed": 0,
+        "good": good,
+        "attainment": att,
+        "ttft_p50_s": ttft,
+        "slo": {},
+    }
+
+
+def test_merge_repeats_pools_counts_and_takes_medians() -> None:
+    runs = [
+        {
+            "run": {
+                "requests": 10,
+                "warmup_requests": 1,
+                "completed": 10,
+                "rejected": 0,
+                "failed": 0,
+                "drain_s": d,
+                "send_lag_max_s": 0.01,
+            },
+            "interactive": {
+                "classes": ["chat"],
+                "attainment": a,
+                "goodput_rps": 1.0,
+                "background_output_tokens_per_s": 5.0,
+            },
+            "classes": {"chat": _class_run(a, g, 10, t)},
+        }
+        for a, g, t, d in [(0.5, 5, 0.1, 1.0), (0.9, 9, 0.3, 2.0), (0.7, 7, 0.2, 3.0)]
+    ]
+    m = merge_runs(runs)
+    chat = m["classes"]["chat"]
+    assert chat["requests"] == 30 and chat["good"] == 21
+    assert chat["attainment"] == pytest.approx(0.7)
+    assert chat["attainment_runs"] == [0.5, 0.9, 0.7]
+    assert (chat["attainment_min"], chat["attainment_max"]) == (0.5, 0.9)
+    assert chat["ttft_p50_s"] == pytest.approx(0.2)
+    assert m["run"]["requests"] == 30 and m["run"]["drain_s"] == 2.0
+    assert m["repeats"] == 3
+    assert m["interactive"]["attainment"] == pytest.approx(0.7)
+
+
+def test_sweep_capacity_and_recommendation() -> None:
+    from loadtests.sweep import capacity, recommend
+
+    def pts(*atts: float | None) -> list[dict[str, Any]]:
+        return [
+            {"rate_scale": r, "interactive_attainment": a, "goodput_rps": 10 * r}
+            for r, a in zip([0.5, 1.0, 1.5, 2.0], atts, strict=False)
+        ]
+
+    # Capacity stops at the first rate below the bar, even if a later one recovers (noise).
+    assert capacity(pts(1.0, 0.95, 0.8, 0.92), 0.9) == 1.0
+    assert capacity(pts(0.5, 1.0), 0.9) is None
+    assert capacity(pts(0.99, 0.98, 0.97, 0.96), 0.9) == 2.0
+    targets: dict[str, dict[str, Any]] = {
+        "a": {"capacity_rate_scale": 1.0, "points": pts(1.0, 0.95)},
+        "b": {"capacity_rate_scale": 1.5, "points": pts(1.0, 1.0, 0.91)},
+        "c": {"capacity_rate_scale": None, "points": pts(0.2)},
+    }
+    assert recommend(targets) == "b"
+
+
+def test_crosscheck_agreement() -> None:
+    from loadtests.crosscheck import compare
+
+    rounds = [
+        {
+            "hearthgate": {"median_ttft_ms": 100.0, "median_tpot_ms": 5.0},
+            "vllm": {"median_ttft_ms": 95.0, "median_tpot_ms": 5.2},
+        },
+        {
+            "hearthgate": {"median_ttft_ms": 110.0, "median_tpot_ms": 5.1},
+            "vllm": {"median_ttft_ms": 105.0, "median_tpot_ms": 5.0},
+        },
+    ]
+    out = compare(rounds, 0.10)
+    assert out["median_ttft_ms"]["hearthgate"] == 105.0
+    assert out["median_ttft_ms"]["relative_difference"] == pytest.approx(0.05)
+    assert out["agree"] is True
+    assert compare(rounds, 0.01)["agree"] is False
