@@ -38,6 +38,8 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=settings.log_level,
         access_log=settings.access_log,
         timeout_graceful_shutdown=5,
+        timeout_keep_alive=int(settings.listen.keep_alive_s),
+        backlog=4096,
     )
     return 0
 

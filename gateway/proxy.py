@@ -106,9 +106,10 @@ class Proxy:
         self._pool = pool
         self._settings = settings
         self._clock = clock
+        # sock_connect, not connect: waiting for a pooled connection is not a failure.
         self._timeout = aiohttp.ClientTimeout(
             total=None,
-            connect=settings.upstream.connect_timeout_s,
+            sock_connect=settings.upstream.connect_timeout_s,
             sock_read=settings.upstream.read_timeout_s,
         )
 

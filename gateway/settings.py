@@ -33,6 +33,9 @@ class _Strict(BaseModel):
 class Listen(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
+    # Longer than clients' idle pools (aiohttp 15 s, httpx 5 s): they close first, so a
+    # reused connection is never reset under a request.
+    keep_alive_s: float = Field(75.0, gt=0)
 
 
 class Limits(_Strict):
@@ -40,14 +43,15 @@ class Limits(_Strict):
 
 
 class Upstream(_Strict):
-    connect_timeout_s: float = Field(2.0, gt=0)
+    connect_timeout_s: float = Field(5.0, gt=0)
     read_timeout_s: float = Field(600.0, gt=0)
     max_connections: int = Field(1024, ge=1)
 
 
 class Health(_Strict):
     interval_s: float = Field(1.0, gt=0)
-    timeout_s: float = Field(1.0, gt=0)
+    timeout_s: float = Field(2.0, gt=0)
+    unhealthy_after: int = Field(3, ge=1)  # failed checks in a row (refused: at once)
     retry_after_s: int = Field(2, ge=1)
     scrape_metrics: bool = True  # read vllm:num_requests_waiting and KV usage each interval
 

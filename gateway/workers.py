@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -49,10 +50,20 @@ _GAUGES = {
 }
 
 
+_PREFIXES = tuple(sorted(_GAUGES))
+_GAUGE_IN = re.compile(r"^# (?:HELP|TYPE) (?:" + "|".join(map(re.escape, _GAUGES)) + r")[ _]")
+
+
 def parse_vllm_gauges(text: str) -> dict[str, float]:
     """The vLLM gauges the scheduler uses, summed over engines, from a /metrics page."""
+    # vLLM's page is mostly histograms; hand the library parser only the lines it needs.
+    wanted = "\n".join(
+        line
+        for line in text.splitlines()
+        if line.startswith(_PREFIXES) or (line.startswith("# ") and _GAUGE_IN.search(line))
+    )
     out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(wanted):
         if family.name not in _GAUGES:
             continue
         for sample in family.samples:
@@ -142,20 +153,31 @@ class WorkerPool:
 
     async def check(self, session: aiohttp.ClientSession, worker: WorkerState) -> bool:
         timeout = aiohttp.ClientTimeout(total=self._health.timeout_s)
+        refused = False
         try:
             async with session.get(worker.spec.url + "/health", timeout=timeout) as resp:
                 ok = resp.status == 200
                 reason = f"/health answered {resp.status}"
+        except (aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
+            ok, refused = False, True
+            reason = f"/health failed: {type(exc).__name__}: {exc}"
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             ok = False
-            reason = f"/health failed: {type(exc).__name__}: {exc}"
+            reason = f"/health failed: {type(exc).__name__}: {exc}".rstrip(": ")
         worker.last_check = self._clock()
         if ok:
             self._mark_up(worker)
-        else:
-            worker.consecutive_failures += 1
+            return True
+        worker.consecutive_failures += 1
+        # A refused connection means nothing listens: down at once. A slow answer is often
+        # a busy CPU worker that still serves its requests: down only after several in a row.
+        if refused or worker.consecutive_failures >= self._health.unhealthy_after:
             self.mark_down(worker, reason)
-        return ok
+        else:
+            log.info(
+                "worker %s: %s (%d in a row)", worker.name, reason, worker.consecutive_failures
+            )
+        return False
 
     async def scrape(self, session: aiohttp.ClientSession, worker: WorkerState) -> None:
         """Read the worker's vLLM gauges; on any failure the old values age out."""

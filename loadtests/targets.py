@@ -292,6 +292,7 @@ class Launcher:
             base = yaml.safe_load((REPO_ROOT / target.config).read_text()) or {}
         else:
             base = dict(target.settings or {})
+        gen_limits = base.pop("worker_limits", None) or {}
         workers: list[dict[str, Any]] = [
             {
                 "name": "gen0",
@@ -299,6 +300,7 @@ class Launcher:
                 "models": ["tiny-llama"],
                 "role": "general",
                 "priority_scheduling": _uses_priority_policy(target.worker_args),
+                "limits": gen_limits,
             }
         ]
         if embed_url:
