@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import logging
 import math
 import time
@@ -63,11 +65,24 @@ class Ticket:
     _finished: bool = field(default=False)
     _first_token_seen: bool = field(default=False)
 
-    def first_token(self) -> None:
+    def first_token(self, observed: bool = True) -> None:
+        """The first token arrived (``observed``) or, for an answer that does not stream,
+        the prefill is estimated to be over: release the prefill budget."""
         if not self._first_token_seen:
             self._first_token_seen = True
-            if self._controller.scheduler.on_first_token(self.request.id, self._now()):
-                self._controller.pump()
+            c = self._controller
+            now = self._now()
+            if observed:
+                c.prefill_rates.observe(
+                    self.worker, self.request.prompt_tokens, now - self.admitted_at
+                )
+            if c.scheduler.on_first_token(self.request.id, now):
+                c.pump()
+
+    def expect_no_stream(self) -> None:
+        """The answer will not stream: release the prefill budget after the estimated
+        prefill time instead of at a first token the gateway cannot see."""
+        self._controller.release_prefill_later(self)
 
     def progress(self, output_tokens_so_far: int) -> None:
         self._controller.scheduler.on_progress(self.request.id, output_tokens_so_far, self._now())
@@ -85,6 +100,26 @@ class Ticket:
 
     def _now(self) -> float:
         return self._controller.clock()
+
+
+class PrefillRates:
+    """Prompt tokens per second each worker prefills, from streamed first tokens (EWMA)."""
+
+    def __init__(self, initial: float = 4000.0, min_tokens: int = 256, alpha: float = 0.2):
+        self.initial = initial
+        self._min_tokens = min_tokens
+        self._alpha = alpha
+        self._rates: dict[str, float] = {}
+
+    def observe(self, worker: str, prompt_tokens: int, seconds: float) -> None:
+        if prompt_tokens < self._min_tokens or seconds <= 0:
+            return  # short prompts measure queueing and overhead, not prefill speed
+        sample = prompt_tokens / seconds
+        old = self._rates.get(worker)
+        self._rates[worker] = sample if old is None else old + self._alpha * (sample - old)
+
+    def seconds(self, worker: str, prompt_tokens: int) -> float:
+        return prompt_tokens / self._rates.get(worker, self.initial)
 
 
 class AdmissionController:
@@ -109,6 +144,9 @@ class AdmissionController:
         self._task: asyncio.Task[None] | None = None
         self._on_admit = on_admit
         self._on_reject = on_reject
+        self.prefill_rates = PrefillRates()
+        self._releases: list[tuple[float, int, Ticket]] = []  # heap of estimated prefill ends
+        self._seq = itertools.count()
 
     # -------------------------------------------------------------------- waiting
 
@@ -201,10 +239,18 @@ class AdmissionController:
         if fut is not None and not fut.done():
             fut.set_exception(exc)
 
+    def release_prefill_later(self, ticket: Ticket) -> None:
+        when = ticket.admitted_at + self.prefill_rates.seconds(
+            ticket.worker, ticket.request.prompt_tokens
+        )
+        heapq.heappush(self._releases, (when, next(self._seq), ticket))
+
     def tick(self) -> None:
-        """Expire queued requests past their class's queue timeout; fail those that no
-        healthy worker can serve; admit what fits."""
+        """Release estimated prefills, expire queued requests past their class's queue
+        timeout, fail those that no healthy worker can serve, admit what fits."""
         now = self.clock()
+        while self._releases and self._releases[0][0] <= now:
+            heapq.heappop(self._releases)[2].first_token(observed=False)
         for req in self.scheduler.expire(now):
             depth = self.scheduler.queue_stats()[req.cls].depth
             self._fail(

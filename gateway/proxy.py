@@ -68,7 +68,9 @@ class RelayResponse(StreamingResponse):
 class TicketHooks(Protocol):
     """What the proxy reports about an admitted request (see gateway.admission.Ticket)."""
 
-    def first_token(self) -> None: ...
+    def first_token(self, observed: bool = True) -> None: ...
+
+    def expect_no_stream(self) -> None: ...
 
     def progress(self, output_tokens_so_far: int) -> None: ...
 
@@ -138,6 +140,8 @@ class Proxy:
         """Send ``parsed`` to ``worker``; ``ticket`` hears progress and the finish (exactly
         once), ``done`` the result. Raises WorkerUnreachable before anything was sent back."""
         self._pool.acquire(worker)
+        if not parsed.stream:
+            ticket.expect_no_stream()
         try:
             resp = await self._session.post(
                 worker.spec.url + _PATHS[parsed.endpoint],

@@ -111,3 +111,34 @@ def test_drain_rate_retry_after() -> None:
         d.record("chat", float(i) * 0.5)  # 20 ends in 10 s: 2 per second
     assert d.retry_after("chat", 10, 10.0) == 5
     assert d.retry_after("chat", 1, 10.0) == 1
+
+
+async def test_non_streaming_prefill_is_released_after_the_estimate() -> None:
+    clock = Clock()
+    sched = Scheduler([ClassPolicy("batch", 4)])
+    snaps = [WorkerSnapshot("w0", limits=WorkerBudget(prefill_token_budget=1000))]
+    ctl = AdmissionController(sched, lambda: snaps, clock=clock)
+    ctl.prefill_rates.initial = 1000.0  # tokens per second
+    first = await ctl.admit(QueuedRequest("a", "batch", "app", clock(), 4, 800, 100))
+    first.expect_no_stream()
+    waiter = asyncio.create_task(ctl.admit(QueuedRequest("b", "batch", "app", clock(), 4, 800, 1)))
+    await asyncio.sleep(0.01)
+    clock.t += 0.5
+    ctl.tick()
+    assert not waiter.done()  # 800 tokens at 1000/s: prefill still running
+    clock.t += 0.4
+    ctl.tick()
+    second = await asyncio.wait_for(waiter, 1)
+    assert second.worker == "w0" and sched.in_flight_count == 2
+
+
+def test_prefill_rate_is_measured_from_long_prompts_only() -> None:
+    from gateway.admission import PrefillRates
+
+    r = PrefillRates(initial=1000.0, min_tokens=256, alpha=0.5)
+    r.observe("w", 100, 1.0)  # too short to say anything
+    assert r.seconds("w", 1000) == 1.0
+    r.observe("w", 2000, 0.5)  # 4000 tokens/s
+    assert r.seconds("w", 4000) == 1.0
+    r.observe("w", 2000, 1.0)  # halfway to 2000/s
+    assert r.seconds("w", 3000) == 1.0
