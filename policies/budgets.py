@@ -111,7 +111,7 @@ def check(
         if usage.in_flight + 1 > slots:
             return Verdict.SLOTS
     budget = lim.prefill_token_budget
-    if budget is not None:
+    if budget is not None and usage.prefill_tokens > 0:
         reserved = lim.interactive_reserved_prefill_tokens
         after = usage.prefill_tokens + prompt_tokens
         if interactive:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from policies.fairness.base import FairShare
 from policies.ordering.base import OrderingPolicy, SortKey
@@ -61,10 +61,17 @@ class ClassQueue:
 
     def peek(self) -> QueuedRequest | None:
         """The request the fair-share policy would serve next, or None when empty."""
-        if not self._tenants:
-            return None
+        return next(self.candidates(), None)
+
+    def candidates(self) -> Iterator[QueuedRequest]:
+        """Every queued request in serving preference: tenants in the fair-share policy's
+        order (as it would choose them now), each tenant's requests in ordering-policy order.
+        The queue must not change while the iterator is in use."""
         heads = {tenant: lane[0] for tenant, lane in self._tenants.items()}
-        return heads[self._fair.choose(heads)]
+        while heads:
+            tenant = self._fair.choose(heads)
+            del heads[tenant]
+            yield from self._tenants[tenant]
 
     def take(self, req_id: str) -> QueuedRequest:
         """Remove a request because it is being admitted."""

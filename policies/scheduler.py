@@ -39,15 +39,6 @@ class QueueStats:
     dispatched_tokens: int
 
 
-def _held(group: frozenset[str] | None, held: set[frozenset[str] | None]) -> bool:
-    """Whether work for ``group`` overlaps a held group (None means every worker)."""
-    if not held:
-        return False
-    if group is None or None in held:
-        return True
-    return any(h is not None and not group.isdisjoint(h) for h in held)
-
-
 @dataclass(slots=True)
 class _Running:
     request: QueuedRequest
@@ -66,11 +57,14 @@ class Scheduler:
     its enqueue until it is cancelled, expired or finished, and never again after that.
 
     Admission order: classes whose oldest request waited past ``max_wait_s`` (longest past
-    first), then classes under their ``min_share``, then bands by priority. Each class offers
-    one request (its fair-share pick, ordered inside the tenant). A class stopped only by its
-    own in-flight caps is skipped; a background class stopped by a shared budget holds back
-    every later background class (so small requests do not starve a big head), and an
-    interactive class stopped by a shared budget holds back everything after it.
+    first), then classes under their ``min_share``, then bands by priority. Inside a class,
+    requests are offered in fair-share order (tenants), then ordering-policy order, each only
+    to the workers in its ``workers`` set (None: any). Holds are per worker: a request that
+    fits none of its workers keeps later requests of its class off them; if a shared budget
+    (slots, prefill, saturation) stopped it, later background work of every class stays off
+    them too (so small requests do not starve a big head), and if it is interactive, all
+    later work does. Workers it cannot use stay open to the rest, so the scheduler is
+    work-conserving across models.
     """
 
     def __init__(
@@ -186,28 +180,32 @@ class Scheduler:
         if not backlogs:
             return None
         usage = {w.name: self._loads[w.name].usage() for w in workers}
-        # Holds apply per group of eligible workers: a head blocked on one model's workers
-        # must not hold back work bound for other workers.
-        held_background: set[frozenset[str] | None] = set()
-        held_all: set[frozenset[str] | None] = set()
+        names = frozenset(usage)
+        # Holds are per worker: a head blocked on some workers keeps later work off those
+        # workers only, so work that other workers can take still flows.
+        held_all: set[str] = set()
+        held_background: set[str] = set()
         for name in precedence(backlogs, now):
             q = self._queues[name]
             interactive = q.policy.interactive
-            head = q.peek()
-            assert head is not None  # only backlogged classes are in the precedence
-            group = head.workers
-            if _held(group, held_all) or (not interactive and _held(group, held_background)):
-                continue
-            spot = place(workers, usage, name, interactive, head.prompt_tokens, group)
-            if spot.worker is not None:
-                self._start(head, spot.worker, interactive)
-                return Admission(head, spot.worker)
-            if spot.blocked is Blocked.OWN_CAP:
-                continue
-            # NO_WORKER or SHARED: later work for the same workers waits its turn.
-            (held_all if interactive or spot.blocked is Blocked.NO_WORKER else held_background).add(
-                group
-            )
+            # Workers this class cannot use in this pass.
+            closed = set(held_all) if interactive else held_all | held_background
+            for cand in q.candidates():
+                if len(closed) >= len(names):
+                    break
+                allowed = (names if cand.workers is None else names & cand.workers) - closed
+                if not allowed:
+                    continue  # its workers are held, or none of them is known
+                spot = place(workers, usage, name, interactive, cand.prompt_tokens, allowed)
+                if spot.worker is not None:
+                    self._start(cand, spot.worker, interactive)
+                    return Admission(cand, spot.worker)
+                # Later requests of this class wait for these workers behind this one.
+                closed |= allowed
+                if spot.blocked is Blocked.SHARED:
+                    # ...and so does later work of other classes (background work only, when
+                    # this one is background).
+                    (held_all if interactive else held_background).update(allowed)
         return None
 
     def _start(self, req: QueuedRequest, worker: str, interactive: bool) -> None:

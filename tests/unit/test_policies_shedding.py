@@ -1,0 +1,158 @@
+"""Shedding (queue caps, queue timeouts) and cancellation: removed requests leave no trace."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from policies import Rejection, Scheduler, TenantPolicy
+from tests.unit.test_policies_support import (
+    CHAT,
+    CLASSES,
+    RAG,
+    Op,
+    budgets,
+    classes,
+    log_settings,
+    make_op,
+    ops,
+    req,
+    run_log,
+    with_,
+    worker,
+)
+
+
+def views(sched: Scheduler) -> tuple[Any, ...]:
+    return (
+        sched.queue_stats(),
+        sched.tenant_counters(),
+        sched.worker_usage(),
+        sched.queued_count,
+        sched.in_flight_count,
+        repr(sched),
+    )
+
+
+def test_queue_cap_by_count() -> None:
+    sched = Scheduler(classes(with_(CHAT, max_queue=2)))
+    assert sched.enqueue(req("c0", prompt=5), 0.0) is None
+    assert sched.enqueue(req("c1", prompt=7), 0.0) is None
+    assert sched.enqueue(req("c2"), 0.0) == Rejection("queue_full", "chat", 2, 12)
+    assert not sched.is_queued("c2")
+    assert sched.enqueue(req("v0", "voice"), 0.0) is None  # other classes are not capped
+    assert sched.cancel("c0", 1.0)
+    assert sched.enqueue(req("c2"), 1.0) is None  # the rejected id left nothing behind
+
+
+def test_queue_cap_by_tokens_admits_an_oversized_request_into_an_empty_queue() -> None:
+    sched = Scheduler(classes(with_(RAG, max_queued_tokens=1000)))
+    assert sched.enqueue(req("huge", "rag", prompt=5000), 0.0) is None
+    assert sched.enqueue(req("g1", "rag", prompt=1), 0.0) == Rejection(
+        "queue_tokens_full", "rag", 1, 5000
+    )
+    sched.cancel("huge", 0.0)
+    assert sched.enqueue(req("g1", "rag", prompt=600), 0.0) is None
+    assert sched.enqueue(req("g2", "rag", prompt=400), 0.0) is None  # exactly at the cap
+    assert sched.enqueue(req("g3", "rag", prompt=1), 0.0) is not None
+    assert sched.queue_stats()["rag"].tokens == 1000
+
+
+def test_expire_removes_requests_at_their_queue_timeout_oldest_first() -> None:
+    sched = Scheduler(classes(with_(CHAT, queue_timeout_s=5.0), with_(RAG, queue_timeout_s=2.0)))
+    sched.enqueue(req("c0", arrival=1.0), 1.0)
+    sched.enqueue(req("c1", arrival=0.0), 1.0)
+    sched.enqueue(req("g0", "rag", arrival=3.0), 3.0)
+    sched.enqueue(req("v0", "voice", arrival=0.0), 3.0)  # no timeout: never expires
+    assert sched.expire(4.9) == []
+    assert [r.id for r in sched.expire(5.0)] == ["c1", "g0"]
+    assert [r.id for r in sched.expire(100.0)] == ["c0"]
+    assert sched.queued_count == 1 and sched.is_queued("v0")
+
+
+def test_cancel_is_for_queued_requests_only() -> None:
+    sched = Scheduler(CLASSES)
+    sched.enqueue(req("c0"), 0.0)
+    sched.admit(0.0, [worker()])
+    assert not sched.cancel("c0", 1.0)  # in flight: ends through on_finish
+    assert not sched.cancel("nope", 1.0)
+    assert sched.on_finish("c0", None, None, 1.0)
+
+
+def test_unknown_class_and_repeated_ids_are_errors() -> None:
+    sched = Scheduler(CLASSES)
+    with pytest.raises(ValueError, match="unknown class"):
+        sched.enqueue(req("x", "video"), 0.0)
+    sched.enqueue(req("c0"), 0.0)
+    with pytest.raises(ValueError, match="already"):
+        sched.enqueue(req("c0"), 0.0)
+    sched.admit(0.0, [worker()])
+    with pytest.raises(ValueError, match="already"):
+        sched.enqueue(req("c0"), 0.0)
+
+
+def busy_scheduler() -> Scheduler:
+    """Tenant a served and still backlogged, a worker full: nothing else can be admitted."""
+    sched = Scheduler(
+        classes(with_(CHAT, queue_timeout_s=3.0)), [TenantPolicy("a", 2.0), TenantPolicy("b")]
+    )
+    for i in range(3):
+        sched.enqueue(req(f"a{i}", tenant="a", prompt=40, max_tokens=8), 0.0)
+    sched.admit(0.0, [worker(max_in_flight=1)])
+    sched.on_progress("a0", 3, 0.5)
+    return sched
+
+
+@pytest.mark.parametrize("tenant", ["a", "b", "newcomer"])
+def test_cancelled_request_leaves_no_trace(tenant: str) -> None:
+    sched, twin = busy_scheduler(), busy_scheduler()
+    before = views(sched)
+    # b or the newcomer would be lifted to a's counter; a cancel must undo that too.
+    sched.enqueue(req("x", tenant=tenant, arrival=1.0, prompt=99), 1.0)
+    assert views(sched) != before
+    assert sched.cancel("x", 1.0)
+    assert views(sched) == before
+    assert not sched.is_queued("x") and not sched.cancel("x", 1.0)
+    assert not sched.on_finish("x", 1, 1, 1.0) and not sched.on_first_token("x", 1.0)
+    # ...and every later decision is the one the twin, which never saw x, makes.
+    for s in (sched, twin):
+        s.on_finish("a0", 40, 3, 2.0)
+        s.enqueue(req("b1", tenant="b", arrival=2.0), 2.0)
+    ws = [worker(max_in_flight=3)]
+    assert sched.admit(2.0, ws) == twin.admit(2.0, ws)
+    assert views(sched) == views(twin)
+
+
+def test_expired_request_leaves_no_trace() -> None:
+    sched, twin = busy_scheduler(), busy_scheduler()
+    sched.enqueue(req("x", tenant="newcomer", arrival=1.0, prompt=99), 1.0)
+    full = [worker(max_in_flight=1)]
+    assert sched.admit(2.0, full) == []
+    # a1, a2 arrived at 0 and time out too; the twin expires them the same way.
+    assert [r.id for r in sched.expire(4.0)] == ["a1", "a2", "x"]
+    assert [r.id for r in twin.expire(4.0)] == ["a1", "a2"]
+    assert views(sched) == views(twin)
+    assert not sched.cancel("x", 4.0) and not sched.on_finish("x", None, None, 4.0)
+
+
+ghost = st.builds(
+    make_op, st.just("ghost"), st.integers(0, 60), st.integers(0, 2000), st.integers(0, 64)
+)
+
+
+@log_settings(80)
+@given(
+    ops,
+    st.lists(budgets, min_size=1, max_size=2),
+    st.lists(st.tuples(st.integers(0, 100), ghost), max_size=10),
+)
+def test_requests_cancelled_on_arrival_change_no_decision(
+    log: list[Op], limits: list[Any], ghosts: list[tuple[int, Op]]
+) -> None:
+    haunted = list(log)
+    for at, g in sorted(ghosts, key=lambda x: x[0], reverse=True):
+        haunted.insert(min(at, len(haunted)), g)
+    assert run_log(haunted, limits).trace == run_log(log, limits).trace
