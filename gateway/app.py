@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
+from starlette.types import Message, Receive, Scope, Send
 
 from gateway.admission import AdmissionController
 from gateway.classify import (
@@ -284,6 +285,45 @@ class Gateway:
             "workers": workers,
             "recent": recent,
         }
+
+
+class FastPath:
+    """The ASGI entry: the three proxy routes go straight to the gateway, the rest (and the
+    lifespan) to FastAPI.
+
+    Each layer of middleware wraps every ``send`` of every streamed token; for the hot
+    routes the gateway needs none of them (it maps its own errors), so they are skipped.
+    """
+
+    def __init__(self, app: FastAPI, gateway: Gateway) -> None:
+        self.app = app
+        self.gateway = gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in _ROUTES:
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            response = await self.gateway.handle(Request(scope, receive), scope["path"])
+            await response(scope, receive, tracking_send)
+        except Exception:
+            log.exception("unexpected error on %s", scope["path"])
+            if not started:
+                err = InternalError("internal gateway error; see the gateway log")
+                await error_response(err)(scope, receive, send)
+
+
+def create_asgi_app(settings: Settings, clock: Callable[[], float] = time.perf_counter) -> FastPath:
+    """The application ``hearthgate serve`` runs: FastAPI plus the proxy fast path."""
+    app = create_app(settings, clock)
+    return FastPath(app, app.state.gateway)
 
 
 def create_app(settings: Settings, clock: Callable[[], float] = time.perf_counter) -> FastAPI:

@@ -13,7 +13,7 @@ from gateway.settings import SettingsError, load_settings
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from gateway.app import create_app
+    from gateway.app import create_asgi_app
 
     overrides: dict[str, object] = {}
     try:
@@ -32,7 +32,7 @@ def _serve(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     uvicorn.run(
-        create_app(settings),
+        create_asgi_app(settings),
         host=settings.listen.host,
         port=settings.listen.port,
         log_level=settings.log_level,
@@ -40,6 +40,8 @@ def _serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=5,
         timeout_keep_alive=int(settings.listen.keep_alive_s),
         backlog=4096,
+        proxy_headers=False,
+        loop=settings.listen.loop,  # the gateway is the edge; no X-Forwarded-* to trust
     )
     return 0
 

@@ -51,6 +51,23 @@ def _has_token(choice: dict[str, Any]) -> bool:
     return False
 
 
+_SLOW = (b'"usage":{', b'"error"', b'"text":""', b'"content":""', b'"content":null')
+_TOKEN = (b'"text":"', b'"content":"', b'"tool_calls":[', b'"reasoning_content":"')
+
+
+def _fast_token(payload: bytes) -> bool | None:
+    """Whether a compact vLLM chunk carries a token, from its bytes alone; None when only
+    a JSON parse can tell (usage, errors, empty texts next to others, other spacing).
+
+    Safe because JSON escapes quotes inside strings: ``"text":"`` can only be a key.
+    """
+    if any(m in payload for m in _SLOW):
+        return None
+    if b'"choices":[{' not in payload:
+        return None
+    return True if any(m in payload for m in _TOKEN) else None
+
+
 @dataclass
 class StreamObserver:
     """Watches relayed events; ``strip_usage`` drops the usage-only chunk from the client view."""
@@ -72,6 +89,11 @@ class StreamObserver:
         if payload == b"[DONE]":
             self.done = True
             return True
+        fast = _fast_token(payload)
+        if fast is not None:
+            if fast:
+                self._token(now)
+            return True
         try:
             obj = json.loads(payload)
         except ValueError:
@@ -90,10 +112,13 @@ class StreamObserver:
         if isinstance(choices, list) and any(
             isinstance(c, dict) and _has_token(c) for c in choices
         ):
-            self.token_events += 1
-            if self.first_token_at is None:
-                self.first_token_at = now
-            elif self.last_token_at is not None:
-                self.gaps.append(now - self.last_token_at)
-            self.last_token_at = now
+            self._token(now)
         return True
+
+    def _token(self, now: float) -> None:
+        self.token_events += 1
+        if self.first_token_at is None:
+            self.first_token_at = now
+        elif self.last_token_at is not None:
+            self.gaps.append(now - self.last_token_at)
+        self.last_token_at = now

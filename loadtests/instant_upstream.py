@@ -23,7 +23,7 @@ def _chunk(i: int, chat: bool, created: int) -> bytes:
         choice = {"index": 0, "text": f"t{i} ", "finish_reason": None}
         obj = "text_completion"
     body = {"id": "x", "object": obj, "created": created, "model": "m", "choices": [choice]}
-    return b"data: " + json.dumps(body).encode() + b"\n\n"
+    return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
 
 
 async def _generate(request: web.Request) -> web.StreamResponse:

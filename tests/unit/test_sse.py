@@ -55,3 +55,26 @@ def test_error_event_is_kept_and_recorded() -> None:
     obs = StreamObserver(strip_usage=True)
     assert obs.observe(ev({"error": {"message": "boom", "code": 500}}), 0.0)
     assert obs.error == {"message": "boom", "code": 500}
+
+
+def test_fast_path_agrees_with_json_on_vllm_chunks() -> None:
+    from gateway.sse import _fast_token
+
+    compact = [
+        b'{"id":"c","choices":[{"index":0,"text":" shar","logprobs":null,"finish_reason":null}]}',
+        b'{"id":"c","choices":[{"index":0,"delta":{"content":"ater"},"finish_reason":null}]}',
+        b'{"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}',
+        b'{"id":"c","choices":[{"index":0,"text":"","finish_reason":"length"}]}',
+        b'{"id":"c","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":5}}',
+        b'{"id":"c","choices":[{"index":0,"text":"say \\"usage\\":{ here"}]}',
+        b'{"error":{"message":"boom"}}',
+    ]
+    for payload in compact:
+        slow = StreamObserver(strip_usage=False)
+        spaced = json.dumps(json.loads(payload)).encode()  # ": " spacing: parsed as JSON
+        slow_seen = slow.observe(b"data: " + spaced + b"\n\n", 0.0)
+        fast = StreamObserver(strip_usage=False)
+        fast_seen = fast.observe(b"data: " + payload + b"\n\n", 0.0)
+        assert (fast.token_events, fast_seen) == (slow.token_events, slow_seen), payload
+    assert _fast_token(compact[0]) is True
+    assert _fast_token(compact[2]) is None  # an empty content needs the parser
