@@ -92,7 +92,8 @@ class Gateway:
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(
-            limit=self.settings.upstream.max_connections, keepalive_timeout=30
+            limit=self.settings.upstream.max_connections,
+            keepalive_timeout=self.settings.upstream.keepalive_s,
         )
         self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         self._proxy = Proxy(self._session, self.pool, self.settings, self.clock)
@@ -179,7 +180,8 @@ class Gateway:
                 pass
 
         done = functools.partial(self._record, route, parsed.model, c)
-        for attempt in range(2):
+        dropped: set[str] = set()
+        for attempt in range(3):
             eligible = self.pool.for_model(parsed.model)
             req = QueuedRequest(
                 id=f"r{next(self._ids)}",
@@ -203,7 +205,11 @@ class Gateway:
                 return await self.proxy.forward(
                     route, parsed, worker, ticket, received_at, done, priority=cls.priority
                 )
-            except WorkerUnreachable:
+            except WorkerUnreachable as exc:
+                if not exc.refused:
+                    if worker.name in dropped:  # dropped twice in a row: treat as down
+                        self.pool.mark_down(worker, "dropped the connection twice")
+                    dropped.add(worker.name)
                 log.info("worker %s unreachable; retrying (attempt %d)", worker.name, attempt)
                 continue
         raise NoWorkerAvailable(

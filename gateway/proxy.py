@@ -35,7 +35,10 @@ _PATHS = {
 }
 _JSON = {"Content-Type": "application/json"}
 # Failures that happen before the worker accepted the request: safe to retry elsewhere.
-_CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, ConnectionError)
+# Nothing listens there: the worker is down.
+_REFUSED = (aiohttp.ClientConnectorError, ConnectionRefusedError)
+# A pooled connection the worker had already closed (keep-alive race): try again.
+_DROPPED = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, ConnectionResetError)
 
 
 class RelayResponse(StreamingResponse):
@@ -78,7 +81,13 @@ class TicketHooks(Protocol):
 
 
 class WorkerUnreachable(Exception):
-    """The worker refused or dropped the connection before answering; safe to retry."""
+    """The worker refused or dropped the connection before answering; safe to retry.
+    ``refused``: nothing listens (the worker is marked down); else the connection dropped."""
+
+    def __init__(self, worker: str, refused: bool) -> None:
+        super().__init__(worker)
+        self.worker = worker
+        self.refused = refused
 
 
 @dataclass
@@ -149,11 +158,16 @@ class Proxy:
                 headers=_JSON,
                 timeout=self._timeout,
             )
-        except _CONNECT_ERRORS as exc:
+        except _REFUSED as exc:
             self._pool.release(worker)
             ticket.finish(0, 0)
             self._pool.mark_down(worker, f"{type(exc).__name__}: {exc}")
-            raise WorkerUnreachable(worker.name) from None
+            raise WorkerUnreachable(worker.name, refused=True) from None
+        except _DROPPED as exc:
+            self._pool.release(worker)
+            ticket.finish(0, 0)
+            log.info("worker %s dropped the connection before answering: %r", worker.name, exc)
+            raise WorkerUnreachable(worker.name, refused=False) from None
         except BaseException as exc:
             self._pool.release(worker)
             ticket.finish(0, 0)

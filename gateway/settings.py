@@ -48,6 +48,9 @@ class Upstream(_Strict):
     connect_timeout_s: float = Field(5.0, gt=0)
     read_timeout_s: float = Field(600.0, gt=0)
     max_connections: int = Field(1024, ge=1)
+    # Idle pooled connections are closed after this; keep it below the workers' own
+    # keep-alive (vLLM: 5 s) so the gateway never reuses one the worker just closed.
+    keepalive_s: float = Field(3.0, gt=0)
 
 
 class Health(_Strict):
