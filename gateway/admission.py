@@ -64,18 +64,19 @@ class Ticket:
     _controller: AdmissionController
     _finished: bool = field(default=False)
     _first_token_seen: bool = field(default=False)
+    _prefill_released: bool = field(default=False)
 
     def first_token(self, observed: bool = True) -> None:
-        """The first token arrived (``observed``) or, for an answer that does not stream,
-        the prefill is estimated to be over: release the prefill budget."""
-        if not self._first_token_seen:
+        """The first token arrived (``observed``) or the prefill is estimated to be over:
+        release the prefill budget (once). Observed first tokens also measure the worker's
+        prefill speed, even after an early release."""
+        c = self._controller
+        now = self._now()
+        if observed and not self._first_token_seen:
             self._first_token_seen = True
-            c = self._controller
-            now = self._now()
-            if observed:
-                c.prefill_rates.observe(
-                    self.worker, self.request.prompt_tokens, now - self.admitted_at
-                )
+            c.prefill_rates.observe(self.worker, self.request.prompt_tokens, now - self.admitted_at)
+        if not self._prefill_released:
+            self._prefill_released = True
             if c.scheduler.on_first_token(self.request.id, now):
                 c.pump()
 
@@ -83,6 +84,14 @@ class Ticket:
         """The answer will not stream: release the prefill budget after the estimated
         prefill time instead of at a first token the gateway cannot see."""
         self._controller.release_prefill_later(self)
+
+    def expect_stream(self) -> None:
+        """The answer streams: its first token releases the prefill budget, or the
+        controller's early release (a fraction of the estimated prefill time), whichever
+        comes first, so the next prompt reaches the worker before this prefill ends."""
+        fraction = self._controller.early_release
+        if fraction is not None:
+            self._controller.release_prefill_later(self, fraction)
 
     def progress(self, output_tokens_so_far: int) -> None:
         self._controller.scheduler.on_progress(self.request.id, output_tokens_so_far, self._now())
@@ -133,6 +142,7 @@ class AdmissionController:
         tick_s: float = 0.05,
         on_admit: Callable[[QueuedRequest, float], None] | None = None,
         on_reject: Callable[[QueuedRequest, str], None] | None = None,
+        early_release: float | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.clock = clock
@@ -145,6 +155,7 @@ class AdmissionController:
         self._on_admit = on_admit
         self._on_reject = on_reject
         self.prefill_rates = PrefillRates()
+        self.early_release = early_release
         self._releases: list[tuple[float, int, Ticket]] = []  # heap of estimated prefill ends
         self._seq = itertools.count()
 
@@ -239,8 +250,8 @@ class AdmissionController:
         if fut is not None and not fut.done():
             fut.set_exception(exc)
 
-    def release_prefill_later(self, ticket: Ticket) -> None:
-        when = ticket.admitted_at + self.prefill_rates.seconds(
+    def release_prefill_later(self, ticket: Ticket, fraction: float = 1.0) -> None:
+        when = ticket.admitted_at + fraction * self.prefill_rates.seconds(
             ticket.worker, ticket.request.prompt_tokens
         )
         heapq.heappush(self._releases, (when, next(self._seq), ticket))

@@ -77,6 +77,7 @@ class Gateway:
             tick_s=settings.scheduler.tick_ms / 1000,
             on_admit=self._on_admit,
             on_reject=self._on_reject,
+            early_release=settings.scheduler.early_prefill_release,
         )
         self.pool.on_change = self.admission.pump
         self._session: aiohttp.ClientSession | None = None

@@ -75,6 +75,8 @@ class TicketHooks(Protocol):
 
     def expect_no_stream(self) -> None: ...
 
+    def expect_stream(self) -> None: ...
+
     def progress(self, output_tokens_so_far: int) -> None: ...
 
     def finish(self, prompt_tokens: int | None, output_tokens: int | None) -> None: ...
@@ -149,7 +151,9 @@ class Proxy:
         """Send ``parsed`` to ``worker``; ``ticket`` hears progress and the finish (exactly
         once), ``done`` the result. Raises WorkerUnreachable before anything was sent back."""
         self._pool.acquire(worker)
-        if not parsed.stream:
+        if parsed.stream:
+            ticket.expect_stream()
+        else:
             ticket.expect_no_stream()
         try:
             resp = await self._session.post(

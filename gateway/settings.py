@@ -164,6 +164,10 @@ class Scheduler(_Strict):
     w_in: float = Field(1.0, ge=0)
     w_out: float = Field(2.0, ge=0)
     tick_ms: float = Field(50.0, gt=0)  # the ticker that enforces queue timeouts
+    # Release a streaming request's prefill budget at this fraction of its estimated
+    # prefill time if its first token has not come yet (keeps the worker's prefill
+    # pipeline full); null: only the first token releases it.
+    early_prefill_release: float | None = Field(0.8, gt=0)
 
 
 class Settings(BaseSettings):

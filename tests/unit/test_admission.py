@@ -142,3 +142,26 @@ def test_prefill_rate_is_measured_from_long_prompts_only() -> None:
     assert r.seconds("w", 4000) == 1.0
     r.observe("w", 2000, 1.0)  # halfway to 2000/s
     assert r.seconds("w", 3000) == 1.0
+
+
+async def test_streaming_prefill_is_released_early_or_at_the_first_token() -> None:
+    clock = Clock()
+    sched = Scheduler([ClassPolicy("rag", 2)])
+    snaps = [WorkerSnapshot("w0", limits=WorkerBudget(prefill_token_budget=1000))]
+    ctl = AdmissionController(sched, lambda: snaps, clock=clock, early_release=0.5)
+    ctl.prefill_rates.initial = 1000.0
+    first = await ctl.admit(QueuedRequest("a", "rag", "app", clock(), 2, 800, 10))
+    first.expect_stream()
+    waiter = asyncio.create_task(ctl.admit(QueuedRequest("b", "rag", "app", clock(), 2, 800, 10)))
+    await asyncio.sleep(0.01)
+    clock.t += 0.3
+    ctl.tick()
+    assert not waiter.done()
+    clock.t += 0.2  # half of the 0.8 s estimate: released before the first token
+    ctl.tick()
+    second = await asyncio.wait_for(waiter, 1)
+    second.expect_stream()
+    second.first_token()  # the real first token comes first: the timer then does nothing
+    clock.t += 1.0
+    ctl.tick()
+    assert sched.worker_usage()["w0"].prefill_tokens == 0
