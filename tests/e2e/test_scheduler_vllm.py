@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -150,22 +150,24 @@ def test_disconnect_while_queued_frees_the_place(workers: Workers) -> None:
 
         async def scenario() -> dict[str, Any]:
             async with httpx.AsyncClient(timeout=180) as client:
+
+                async def wait_for(what: str, ok: Callable[[dict[str, Any]], bool]) -> None:
+                    deadline = time.monotonic() + 20  # a loaded 2-core box can be slow
+                    while not ok((await client.get(url + "/status")).json()):
+                        assert time.monotonic() < deadline, what
+                        await asyncio.sleep(0.05)
+
                 body = {"model": "tiny-llama", "max_tokens": 16, "ignore_eos": True}
                 first = {**body, "prompt": long_prompt(1), "max_tokens": 600}
                 running = asyncio.create_task(client.post(url + "/v1/completions", json=first))
-                await asyncio.sleep(0.2)
+                await wait_for("first request admitted", lambda s: s["in_flight"] == 1)
                 queued = asyncio.create_task(
                     client.post(url + "/v1/completions", json={**body, "prompt": long_prompt(2)})
                 )
-                await asyncio.sleep(0.3)
-                status = (await client.get(url + "/status")).json()
-                assert status["queues"]["rag"]["depth"] == 1
+                await wait_for("second request queued", lambda s: s["queues"]["rag"]["depth"] == 1)
                 queued.cancel()  # the client goes away while its request waits
-                for _ in range(50):
-                    await asyncio.sleep(0.1)
-                    status = (await client.get(url + "/status")).json()
-                    if status["queues"]["rag"]["depth"] == 0:
-                        break
+                await wait_for("queue emptied", lambda s: s["queues"]["rag"]["depth"] == 0)
+                status = (await client.get(url + "/status")).json()
                 # The place is free again: a new request is queued, not refused.
                 again = await client.post(
                     url + "/v1/completions", json={**body, "prompt": long_prompt(3)}
