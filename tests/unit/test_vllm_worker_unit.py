@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy.vllm_worker import VllmWorker, WorkerError, find_embed_model, main
+from deploy.vllm_worker import VllmWorker, WorkerError, find_embed_model
+from deploy.vllm_worker_cli import main
 
 
 def _flag(cmd: list[str], name: str) -> str:
