@@ -67,6 +67,33 @@ def _rng(scenario: Scenario, flow: Flow, purpose: str) -> random.Random:
     return random.Random(f"{scenario.seed}:{flow.label}:{purpose}")
 
 
+def _planned(
+    scenario: Scenario,
+    flow: Flow,
+    req_id: str,
+    at_s: float,
+    prompt_tokens: int,
+    output_tokens: int | None,
+    warmup: bool,
+    prompt: str,
+) -> PlannedRequest:
+    return PlannedRequest(
+        id=req_id,
+        flow=flow.label,
+        klass=flow.klass,
+        app=flow.app,
+        endpoint=flow.endpoint,
+        model=scenario.model_for(flow),
+        stream=flow.streams,
+        scheduled_s=at_s,
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        priority=scenario.priority_for(flow),
+        warmup=warmup,
+        prompt=prompt,
+    )
+
+
 def plan_flow(scenario: Scenario, flow: Flow, calibration: Calibration) -> list[PlannedRequest]:
     end = min(flow.stop_s, scenario.duration_s) if flow.stop_s else scenario.duration_s
     times = arrival_times(flow.arrival, _rng(scenario, flow, "arrivals"), flow.start_s, end)
@@ -77,20 +104,15 @@ def plan_flow(scenario: Scenario, flow: Flow, calibration: Calibration) -> list[
     for i, t in enumerate(times):
         p, o = sample_pair(flow.prompt_tokens, flow.output_tokens, lengths)
         out.append(
-            PlannedRequest(
-                id=f"{flow.label}#{i}",
-                flow=flow.label,
-                klass=flow.klass,
-                app=flow.app,
-                endpoint=flow.endpoint,
-                model=scenario.model_for(flow),
-                stream=flow.streams,
-                scheduled_s=round(t, 6),
-                prompt_tokens=p,
-                output_tokens=o,
-                priority=scenario.priority_for(flow),
-                warmup=t < scenario.warmup_s,
-                prompt=build_prompt(p, words, cal),
+            _planned(
+                scenario,
+                flow,
+                f"{flow.label}#{i}",
+                round(t, 6),
+                p,
+                o,
+                t < scenario.warmup_s,
+                build_prompt(p, words, cal),
             )
         )
     return out
@@ -120,23 +142,8 @@ def priming_plan(
             if i == 0:  # the longest shape first: it is the one most likely to be new
                 p = flow.prompt_tokens.upper()
                 o = flow.output_tokens.upper() if flow.output_tokens is not None else None
-            out.append(
-                PlannedRequest(
-                    id=f"prime:{flow.label}#{i}",
-                    flow=flow.label,
-                    klass=flow.klass,
-                    app=flow.app,
-                    endpoint=flow.endpoint,
-                    model=scenario.model_for(flow),
-                    stream=flow.streams,
-                    scheduled_s=0.0,
-                    prompt_tokens=p,
-                    output_tokens=o,
-                    priority=scenario.priority_for(flow),
-                    warmup=True,
-                    prompt=build_prompt(p, words, cal.for_endpoint(flow.endpoint)),
-                )
-            )
+            prompt = build_prompt(p, words, cal.for_endpoint(flow.endpoint))
+            out.append(_planned(scenario, flow, f"prime:{flow.label}#{i}", 0.0, p, o, True, prompt))
     return out
 
 
