@@ -15,6 +15,7 @@ export TRANSFORMERS_OFFLINE := 1
 
 help:
 	@echo "make run    - set everything up, start vLLM workers and the gateway on :8080"
+	@echo "              (LAYOUT=split: general + long-prefill + embeddings workers)"
 	@echo "make test   - lint, type checks, unit and real-vLLM tests"
 	@echo "make bench  - load test: home-mix, gateway versus vLLM alone"
 
@@ -38,8 +39,15 @@ $(TINY_MODEL)/.stamp: $(VLLM_VENV)/.stamp deploy/build_tiny_model.py
 
 setup: $(VENV)/.stamp $(VLLM_VENV)/.stamp $(TINY_MODEL)/.stamp
 
+# LAYOUT=split: a general worker (core 0), a long-prefill worker (core 1) and the embedding
+# worker (sharing core 1), from deploy/settings.split.yaml.
+LAYOUT ?= single
+
 run: setup
-	$(VENV)/bin/python -m deploy.run_local --config deploy/settings.example.yaml
+	$(VENV)/bin/python -m deploy.run_local --config deploy/settings.example.yaml --layout $(LAYOUT)
+
+run-split:
+	$(MAKE) run LAYOUT=split
 
 lint: $(VENV)/.stamp
 	$(VENV)/bin/ruff check gateway policies loadtests deploy tests

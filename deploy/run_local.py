@@ -3,6 +3,10 @@
 Starts the generation worker (core 0) and the embedding worker (core 1) named in the
 settings file, at the ports their URLs give, then the gateway; prints ready-to-paste
 ``curl`` commands; stops everything it started on Ctrl-C or SIGTERM.
+
+``--layout split`` (``make run LAYOUT=split``) replaces the workers (and routing) with those
+of ``deploy/settings.split.yaml``: a general worker on core 0, a long-prefill worker on
+core 1, and the embedding worker sharing core 1.
 """
 
 from __future__ import annotations
@@ -15,12 +19,17 @@ import sys
 import time
 import types
 import urllib.request
+from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
+import yaml
+
 from deploy.vllm_worker import REPO_ROOT, Kind, VllmWorker, WorkerError, start_all, stop_all
-from gateway.settings import Settings, SettingsError, load_settings
+from gateway.settings import Settings, SettingsError, Worker, load_settings
 
 RUN_DIR = REPO_ROOT / ".run"
+LAYOUTS = {"single": None, "split": REPO_ROOT / "deploy/settings.split.yaml"}
 
 
 class _Stop(Exception):
@@ -31,18 +40,61 @@ def _on_signal(signum: int, frame: types.FrameType | None) -> None:
     raise _Stop(signal.Signals(signum).name)
 
 
+def _local(spec: Worker) -> bool:
+    url = urlparse(spec.url)
+    return url.hostname in ("127.0.0.1", "localhost") and url.port is not None
+
+
+def assign_cores(specs: list[Worker], cores: int = 2) -> dict[str, int]:
+    """A CPU core per local worker. With fewer generation workers than cores, every worker
+    takes the next core in turn (the single layout: generation on 0, embeddings on 1).
+    Otherwise the generation workers take the cores in turn and each embeddings worker
+    shares the core of the last long-prefill (else the last) generation worker, so the
+    first general worker, the interactive one, keeps its core to itself."""
+    local = [s for s in specs if _local(s)]
+    gen = [s for s in local if s.role != "embeddings"]
+    if len(gen) < cores:
+        return {s.name: i % cores for i, s in enumerate(local)}
+    out = {s.name: i % cores for i, s in enumerate(gen)}
+    lp = [s for s in gen if s.role == "long_prefill"]
+    shared = out[(lp or gen)[-1].name]
+    out.update({s.name: shared for s in local if s.role == "embeddings"})
+    return out
+
+
 def plan_workers(settings: Settings) -> list[VllmWorker]:
-    """One local vLLM process per configured worker on this host, cores assigned in turn."""
+    """One local vLLM process per configured worker on this host (see ``assign_cores``).
+    A worker whose ``upstream_models`` renames its (single) model is served under that name."""
     workers: list[VllmWorker] = []
-    for i, spec in enumerate(settings.workers):
-        url = urlparse(spec.url)
-        if url.hostname not in ("127.0.0.1", "localhost") or url.port is None:
+    cores = assign_cores(list(settings.workers))
+    for spec in settings.workers:
+        if not _local(spec):
             continue  # a remote worker: the user runs it
+        port = urlparse(spec.url).port
+        assert port is not None
         kind: Kind = "embed" if spec.role == "embeddings" else "gen"
         extra = ["--scheduling-policy", "priority"] if spec.priority_scheduling else []
         log = RUN_DIR / f"vllm-{spec.name}.log"
-        workers.append(VllmWorker(kind, url.port, i % 2, log, extra))
+        worker = VllmWorker(kind, port, cores[spec.name], log, extra)
+        served = spec.upstream_models.get(worker.served_model_name)
+        if served is not None:
+            worker.served_model_name = served
+        workers.append(worker)
     return workers
+
+
+def layout_config(config: str, layout: str) -> str:
+    """The settings file to run: ``config`` itself, or for another layout ``config`` with
+    the layout file's keys replacing its own, written to ``.run/settings-<layout>.yaml``."""
+    overlay = LAYOUTS[layout]
+    if overlay is None:
+        return config
+    data: dict[str, Any] = yaml.safe_load(Path(config).read_text()) or {}
+    data.update(yaml.safe_load(overlay.read_text()) or {})
+    RUN_DIR.mkdir(exist_ok=True)
+    out = RUN_DIR / f"settings-{layout}.yaml"
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(out)
 
 
 def demo_keys(settings: Settings, environ: dict[str, str]) -> dict[str, str]:
@@ -93,8 +145,15 @@ def _curl_examples(host: str, port: int, settings: Settings, keys: dict[str, str
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", default=str(REPO_ROOT / "deploy/settings.example.yaml"))
+    parser.add_argument(
+        "--layout",
+        choices=sorted(LAYOUTS),
+        default="single",
+        help="single: the workers of --config; split: general + long-prefill + embeddings",
+    )
     args = parser.parse_args(argv)
     try:
+        args.config = layout_config(args.config, args.layout)
         settings = load_settings(args.config)
     except SettingsError as exc:
         print(f"hearthgate: {exc}", file=sys.stderr)

@@ -4,6 +4,7 @@ parsed body to admitted, forwarded request (classify, admit, forward, account)."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import logging
@@ -23,6 +24,7 @@ from gateway.classify import (
     Classifier,
     prompt_chars,
 )
+from gateway.coalesce import Coalescer, aiohttp_upstream, mergeable, window_policy
 from gateway.errors import (
     GatewayError,
     InternalError,
@@ -30,7 +32,7 @@ from gateway.errors import (
     NoWorkerAvailable,
     error_response,
 )
-from gateway.metrics import GatewayMetrics, SchedulerCollector, percentile
+from gateway.metrics import GatewayMetrics, SchedulerCollector, WorkerCollector, percentile
 from gateway.parse import ParsedRequest, parse_body, read_body
 from gateway.proxy import Proxy, Result, WorkerUnreachable
 from gateway.scheduling import build_scheduler
@@ -60,6 +62,7 @@ class Gateway:
             apps=[a.name for a in settings.apps] + [ANONYMOUS],
         )
         self.pool = WorkerPool(settings.workers, settings.health, self.metrics)
+        self.metrics.registry.register(WorkerCollector(self.pool.rows))
         self.classifier = Classifier(settings)
         self.scheduler = build_scheduler(settings)
         self.metrics.registry.register(SchedulerCollector(self.scheduler))
@@ -75,7 +78,9 @@ class Gateway:
         self.pool.on_change = self.admission.pump
         self._session: aiohttp.ClientSession | None = None
         self._proxy: Proxy | None = None
+        self._coalescer: Coalescer | None = None  # embeddings batching (gateway/coalesce.py)
         self._ids = itertools.count()
+        self._lag_task: asyncio.Task[None] | None = None
         self.started_at = time.time()
 
     @property
@@ -91,16 +96,40 @@ class Gateway:
         )
         self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         self._proxy = Proxy(self._session, self.pool, self.settings, self.clock)
+        self._coalescer = Coalescer(
+            aiohttp_upstream(self._session, self.settings),
+            self.pool,
+            {name: window_policy(c) for name, c in self.settings.classes.items()},
+            self._embed_activity,
+            self.metrics,
+            self.clock,
+        )
         await self.pool.check_all(self._session)
         self.pool.start(self._session)
         self.admission.start()
+        self._lag_task = asyncio.create_task(self._watch_loop_lag(), name="loop-lag")
 
     async def stop(self) -> None:
+        if self._lag_task is not None:
+            self._lag_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._lag_task
+            self._lag_task = None
         await self.admission.stop()
+        if self._coalescer is not None:
+            await self._coalescer.stop()
         await self.pool.stop()
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    async def _watch_loop_lag(self, interval_s: float = 0.1) -> None:
+        """Observe how late a 100 ms timer fires: the event loop's own delay, which every
+        relayed token and every admission decision pays."""
+        while True:
+            t = time.perf_counter()
+            await asyncio.sleep(interval_s)
+            self.metrics.loop_lag.observe(max(0.0, time.perf_counter() - t - interval_s))
 
     def _on_admit(self, req: QueuedRequest, waited_s: float) -> None:
         self.metrics.queue_wait.labels(req.cls).observe(waited_s)
@@ -146,7 +175,7 @@ class Gateway:
         if worker is None or self._session is None:
             return estimate
         key = "messages" if parsed.endpoint == "chat" else "prompt"
-        body = {"model": parsed.model, key: parsed.body[key]}
+        body = {"model": worker.spec.upstream_model(parsed.model), key: parsed.body[key]}
         try:
             async with self._session.post(
                 worker.spec.url + "/tokenize",
@@ -174,9 +203,17 @@ class Gateway:
                 pass
 
         done = functools.partial(self._record, route, parsed.model, c)
+        # Mergeable embeddings go through the coalescer (a bad input is refused here, alone).
+        batching = mergeable(parsed)
         dropped: set[str] = set()
+        failed: set[str] = set()  # workers that failed this request before answering
+        last_answer: Response | None = None  # a worker's own 5xx, if that was the failure
         for attempt in range(3):
-            eligible = self.pool.for_model(parsed.model)
+            serving = self.pool.for_model(parsed.model)
+            # Fail over: the retry goes to a worker that has not failed this request yet;
+            # only when none is left is one tried again (a pooled connection the worker had
+            # just closed is worth a second try).
+            eligible = [w for w in serving if w.name not in failed] or serving
             req = QueuedRequest(
                 id=f"r{next(self._ids)}",
                 cls=c.cls,
@@ -186,6 +223,7 @@ class Gateway:
                 prompt_tokens=c.prompt_tokens,
                 max_tokens=c.max_tokens,
                 workers=frozenset(w.name for w in eligible),
+                endpoint=parsed.endpoint,
             )
             try:
                 ticket = await self.admission.admit(
@@ -196,6 +234,18 @@ class Gateway:
                 return Response(status_code=499)
             worker = self.pool.by_name[ticket.worker]
             try:
+                if batching is not None and self._coalescer is not None:
+                    return await self._coalescer.forward(
+                        batching,
+                        worker,
+                        ticket,
+                        c.cls,
+                        c.prompt_tokens,
+                        received_at,
+                        done,
+                        disconnected,
+                        priority=cls.priority,
+                    )
                 return await self.proxy.forward(
                     route, parsed, worker, ticket, received_at, done, priority=cls.priority
                 )
@@ -204,12 +254,36 @@ class Gateway:
                     if worker.name in dropped:  # dropped twice in a row: treat as down
                         self.pool.mark_down(worker, "dropped the connection twice")
                     dropped.add(worker.name)
+                failed.add(worker.name)
+                worker.failovers += 1
+                last_answer = exc.answer
+                others = [w for w in self.pool.for_model(parsed.model) if w.name not in failed]
+                if last_answer is not None and not any(w.up is not False for w in others):
+                    break  # a worker's own error, and no other worker to try: pass it on
                 log.info("worker %s unreachable; retrying (attempt %d)", worker.name, attempt)
                 continue
+        if last_answer is not None:
+            self.metrics.count(route, parsed.model, last_answer.status_code)
+            return last_answer
         raise NoWorkerAvailable(
             "no worker that serves this model is reachable; try again shortly",
             retry_after_s=self.settings.health.retry_after_s,
         )
+
+    def _embed_activity(self, worker: str) -> tuple[int, bool]:
+        """For the batching window: requests admitted to ``worker`` and not finished, and
+        whether interactive work is queued or in its prefill on any worker (they share the
+        machine's accelerator, so background batches make way for it)."""
+        usage = self.scheduler.worker_usage()
+        admitted = usage[worker].in_flight if worker in usage else 0
+        interactive = any(u.interactive_prefill_tokens > 0 for u in usage.values())
+        if not interactive:
+            classes = self.scheduler.classes
+            interactive = any(
+                st.depth > 0 and classes[name].interactive
+                for name, st in self.scheduler.queue_stats().items()
+            )
+        return admitted, interactive
 
     def _record(self, route: str, model: str, c: Classification, result: Result) -> None:
         m = self.metrics

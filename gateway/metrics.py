@@ -8,10 +8,11 @@ configured worker name.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from policies.scheduler import Scheduler
@@ -132,6 +133,40 @@ class GatewayMetrics:
             ["cls", "app", "kind"],
             registry=r,
         )
+        # Embeddings coalescing (gateway/coalesce.py)
+        self.coalesce_batch_size = Histogram(
+            "hearthgate_coalesce_batch_size",
+            "Embeddings requests answered by one upstream call",
+            ["model"],
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+            registry=r,
+        )
+        self.coalesce_window = Histogram(
+            "hearthgate_coalesce_window_seconds",
+            "Time an admitted embeddings request waited in its batching window",
+            ["cls"],
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0),
+            registry=r,
+        )
+        self.coalesce_upstream_calls = Counter(
+            "hearthgate_coalesce_upstream_calls",
+            "Upstream embeddings calls made by the coalescer (retries of single members too)",
+            ["model"],
+            registry=r,
+        )
+        self.coalesce_saved = Counter(
+            "hearthgate_coalesce_calls_saved",
+            "Upstream calls saved: requests answered by a merged call, minus one per call",
+            ["model"],
+            registry=r,
+        )
+        self.loop_lag = Histogram(
+            "hearthgate_event_loop_lag_seconds",
+            "How late the gateway's event loop ran a timer (a busy or blocked loop delays "
+            "every relayed token)",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+            registry=r,
+        )
         self.recent_ttft: dict[str, deque[float]] = {}
         self.recent_e2e: dict[str, deque[float]] = {}
         self._window = recent_window
@@ -219,3 +254,64 @@ class SchedulerCollector(Collector):
             slots.add_metric([name], u.in_flight)
             prefill.add_metric([name], u.prefill_tokens)
         yield from (depth, tokens, vtc, slots, prefill)
+
+
+@dataclass(frozen=True)
+class WorkerRow:
+    """One worker as the worker collector exports it; None gauges are unknown (stale)."""
+
+    name: str
+    role: str
+    waiting: float | None
+    running: float | None
+    kv_usage: float | None
+    served: int
+    failovers: int
+
+
+class WorkerCollector(Collector):
+    """Per-worker gauges read from the worker pool at scrape time: role, vLLM's scraped
+    gauges while fresh (absent when unknown), requests forwarded, failovers."""
+
+    def __init__(self, rows: Callable[[], Iterable[WorkerRow]]) -> None:
+        self._rows = rows
+
+    def collect(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily(
+            "hearthgate_worker_info",
+            "Each configured worker and its role",
+            labels=["worker", "role"],
+        )
+        waiting = GaugeMetricFamily(
+            "hearthgate_worker_scraped_waiting",
+            "vllm:num_requests_waiting last scraped from the worker (absent while unknown)",
+            labels=["worker"],
+        )
+        running = GaugeMetricFamily(
+            "hearthgate_worker_scraped_running",
+            "vllm:num_requests_running last scraped from the worker (absent while unknown)",
+            labels=["worker"],
+        )
+        kv = GaugeMetricFamily(
+            "hearthgate_worker_kv_usage",
+            "vllm:kv_cache_usage_perc (0..1) last scraped from the worker (absent while unknown)",
+            labels=["worker"],
+        )
+        served = CounterMetricFamily(
+            "hearthgate_worker_served",
+            "Requests the gateway forwarded to the worker",
+            labels=["worker"],
+        )
+        failovers = CounterMetricFamily(
+            "hearthgate_worker_failovers",
+            "Requests retried on another worker after this one failed before answering",
+            labels=["worker"],
+        )
+        for r in self._rows():
+            info.add_metric([r.name, r.role], 1)
+            for family, value in ((waiting, r.waiting), (running, r.running), (kv, r.kv_usage)):
+                if value is not None:
+                    family.add_metric([r.name], value)
+            served.add_metric([r.name], r.served)
+            failovers.add_metric([r.name], r.failovers)
+        yield from (info, waiting, running, kv, served, failovers)

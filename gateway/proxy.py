@@ -34,11 +34,38 @@ _PATHS = {
     "embeddings": "/v1/embeddings",
 }
 _JSON = {"Content-Type": "application/json"}
+# A worker that answers with one of these before the client got any byte failed as a
+# whole (vLLM: its engine died, e.g. while shutting down): the request is retried on
+# another worker, and the answer passed on only when none is left.
+_RETRY_STATUS = frozenset({500, 502, 503, 504})
 # Failures that happen before the worker accepted the request: safe to retry elsewhere.
 # Nothing listens there: the worker is down.
 _REFUSED = (aiohttp.ClientConnectorError, ConnectionRefusedError)
 # A pooled connection the worker had already closed (keep-alive race): try again.
-_DROPPED = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, ConnectionResetError)
+# A worker that does not accept the connection in time has not seen the request either.
+_DROPPED = (
+    aiohttp.ServerDisconnectedError,
+    aiohttp.ClientOSError,
+    ConnectionResetError,
+    aiohttp.ConnectionTimeoutError,
+)
+
+
+def model_swap(parsed: ParsedRequest, worker: WorkerState) -> tuple[bytes, bytes] | None:
+    """(upstream, logical) JSON-encoded model names when ``worker`` serves the requested
+    logical model under another name; None when the names agree."""
+    upstream = worker.spec.upstream_models.get(parsed.model)
+    if upstream is None or upstream == parsed.model:
+        return None
+    return json.dumps(upstream).encode(), json.dumps(parsed.model).encode()
+
+
+def swap_model(data: bytes, swap: tuple[bytes, bytes]) -> bytes:
+    """``data`` with the upstream's ``"model"`` value replaced by the logical name."""
+    upstream, logical = swap
+    for sep in (b'"model":', b'"model": '):
+        data = data.replace(sep + upstream, sep + logical)
+    return data
 
 
 class RelayResponse(StreamingResponse):
@@ -86,10 +113,11 @@ class WorkerUnreachable(Exception):
     """The worker refused or dropped the connection before answering; safe to retry.
     ``refused``: nothing listens (the worker is marked down); else the connection dropped."""
 
-    def __init__(self, worker: str, refused: bool) -> None:
+    def __init__(self, worker: str, refused: bool, answer: Response | None = None) -> None:
         super().__init__(worker)
         self.worker = worker
         self.refused = refused
+        self.answer = answer  # the worker's own error answer, for when no retry is left
 
 
 @dataclass
@@ -129,6 +157,7 @@ class Proxy:
     @staticmethod
     def upstream_body(parsed: ParsedRequest, worker: WorkerState, priority: int | None) -> bytes:
         body: dict[str, Any] = dict(parsed.body)
+        body["model"] = worker.spec.upstream_model(parsed.model)
         if parsed.stream and not parsed.wants_usage:
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
         if worker.spec.priority_scheduling and priority is not None:
@@ -171,6 +200,7 @@ class Proxy:
             self._pool.release(worker)
             ticket.finish(0, 0)
             log.info("worker %s dropped the connection before answering: %r", worker.name, exc)
+            self._pool.note_dropped(worker)
             raise WorkerUnreachable(worker.name, refused=False) from None
         except BaseException as exc:
             self._pool.release(worker)
@@ -178,6 +208,7 @@ class Proxy:
             if isinstance(exc, TimeoutError):
                 raise UpstreamFailed(f"worker {worker.name} did not answer in time") from None
             raise
+        self._pool.note_answered(worker)
         headers = {"x-hearthgate-worker": worker.name}
         if resp.status != 200 or not parsed.stream:
             result = Result(resp.status)
@@ -190,18 +221,28 @@ class Proxy:
             finally:
                 resp.release()
                 self._pool.release(worker)
-                if resp.status == 200:
+                if resp.status in _RETRY_STATUS:
+                    ticket.finish(0, 0)
+                elif resp.status == 200:
                     self._read_usage(content, result)
                     result.completed = True
                     result.e2e_s = self._clock() - received_at
-                ticket.finish(result.prompt_tokens or 0, result.completion_tokens or 0)
-                done(result)
-            return Response(
+                if resp.status not in _RETRY_STATUS:
+                    ticket.finish(result.prompt_tokens or 0, result.completion_tokens or 0)
+                    done(result)
+            swap = model_swap(parsed, worker)
+            if swap is not None:
+                content = swap_model(content, swap)
+            answer = Response(
                 content=content,
                 status_code=resp.status,
                 headers=headers,
                 media_type=resp.headers.get("Content-Type", "application/json"),
             )
+            if resp.status in _RETRY_STATUS:
+                log.info("worker %s answered %d; retrying elsewhere", worker.name, resp.status)
+                raise WorkerUnreachable(worker.name, refused=False, answer=answer)
+            return answer
         return RelayResponse(
             self._relay(parsed, worker, ticket, resp, received_at, done),
             media_type="text/event-stream",
@@ -230,6 +271,7 @@ class Proxy:
         obs = StreamObserver(strip_usage=not parsed.wants_usage)
         clock = self._clock
         result = Result(200)
+        swap = model_swap(parsed, worker)
         try:
             try:
                 async for chunk in resp.content.iter_any():
@@ -241,6 +283,8 @@ class Proxy:
                             ticket.first_token()
                         ticket.progress(obs.token_events)
                     if out:
+                        if swap is not None:
+                            out = [swap_model(e, swap) for e in out]
                         yield out[0] if len(out) == 1 else b"".join(out)
                 rest = splitter.rest()
                 if rest.strip():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gateway.settings import RequestClass, Settings, WorkerLimits
+from policies.routing import RoutingPolicy, RoutingWeights
 from policies.scheduler import Scheduler
 from policies.types import ClassPolicy, TenantPolicy, WorkerBudget
 
@@ -46,4 +47,14 @@ def build_scheduler(settings: Settings) -> Scheduler:
         [TenantPolicy(a.name, a.weight) for a in settings.apps],
         w_in=settings.scheduler.w_in,
         w_out=settings.scheduler.w_out,
+        routing=routing_policy(settings),
+    )
+
+
+def routing_policy(settings: Settings) -> RoutingPolicy:
+    r = settings.routing
+    return RoutingPolicy(
+        long_prefill_min_tokens=r.long_prefill_min_tokens,
+        weights=RoutingWeights(r.weights.in_flight, r.weights.waiting, r.weights.kv),
+        unknown_load=r.unknown_load,
     )

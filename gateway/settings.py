@@ -85,6 +85,10 @@ class Worker(_Strict):
     role: WorkerRole = "general"
     priority_scheduling: bool = False
     limits: WorkerLimits = WorkerLimits()
+    # Logical model name (as listed in `models`, what clients send) -> the name this worker's
+    # vLLM serves (--served-model-name), when they differ. The gateway rewrites `model` in
+    # the body it forwards and back to the logical name in the answer.
+    upstream_models: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("url")
     @classmethod
@@ -93,9 +97,47 @@ class Worker(_Strict):
             raise ValueError("must start with http:// or https://")
         return v.rstrip("/")
 
+    @model_validator(mode="after")
+    def _upstream_models_listed(self) -> Worker:
+        extra = sorted(set(self.upstream_models) - set(self.models))
+        if extra:
+            raise ValueError(
+                f"upstream_models: {', '.join(extra)} not in this worker's models "
+                f"({', '.join(self.models)})"
+            )
+        empty = sorted(k for k, v in self.upstream_models.items() if not v)
+        if empty:
+            raise ValueError(f"upstream_models: empty upstream name for {', '.join(empty)}")
+        return self
+
+    def upstream_model(self, model: str) -> str:
+        """The name this worker serves the logical ``model`` under."""
+        return self.upstream_models.get(model, model)
+
 
 class Metrics(_Strict):
     recent_window: int = Field(256, ge=1)
+
+
+class Window(_Strict):
+    """A class's batching window (see policies.windows): how long a request may wait for
+    partners to be dispatched with. Embeddings of the class are coalesced into one upstream
+    call per batch."""
+
+    min_wait_ms: float = Field(0.0, ge=0)
+    max_wait_ms: float = Field(20.0, ge=0)
+    max_batch_size: int | None = Field(64, ge=1)  # items (inputs) per upstream call
+    max_batch_tokens: int | None = Field(16384, ge=1)  # prompt-token estimate per call
+    ttft_margin_ms: float = Field(50.0, ge=0)  # dispatch this long before the TTFT target
+
+    @model_validator(mode="after")
+    def _order(self) -> Window:
+        if self.min_wait_ms > self.max_wait_ms:
+            raise ValueError("min_wait_ms must be <= max_wait_ms")
+        return self
+
+
+ZERO_WINDOW = Window(max_wait_ms=0.0)
 
 
 class RequestClass(_Strict):
@@ -112,6 +154,14 @@ class RequestClass(_Strict):
     queue_timeout_ms: float | None = Field(None, gt=0)
     ordering: Literal["fcfs", "edf"] = "fcfs"
     fair_share: Literal["vtc", "fcfs"] = "vtc"
+    # Batching window; null: zero wait for interactive classes, Window() defaults otherwise.
+    window: Window | None = None
+
+    def batching_window(self) -> Window:
+        """The window in effect: the configured one, else the default for the class kind."""
+        if self.window is not None:
+            return self.window
+        return ZERO_WINDOW if self.interactive else Window()
 
 
 def _default_classes() -> dict[str, RequestClass]:
@@ -170,6 +220,26 @@ class Scheduler(_Strict):
     early_prefill_release: float | None = Field(0.8, gt=0)
 
 
+class RoutingWeights(_Strict):
+    """Weights of the router's score terms, each normalised to 0..1 (see policies.routing)."""
+
+    in_flight: float = Field(1.0, ge=0)  # the gateway's own in-flight count on the worker
+    waiting: float = Field(1.0, ge=0)  # vLLM's scraped num_requests_waiting
+    kv: float = Field(1.0, ge=0)  # vLLM's scraped kv_cache_usage_perc
+
+
+class Routing(_Strict):
+    """Which worker a request goes to (policies.routing)."""
+
+    # Generation requests whose prompt estimate reaches this go to a `long_prefill` worker
+    # when one is healthy (null: never); shorter ones go to `general` workers.
+    long_prefill_min_tokens: int | None = Field(1024, ge=1)
+    weights: RoutingWeights = RoutingWeights()
+    # What an unknown (never scraped or stale) gauge counts as, 0..1: 1 = as loaded as the
+    # busiest worker, so a worker whose metrics went quiet is not mistaken for an idle one.
+    unknown_load: float = Field(1.0, ge=0, le=1)
+
+
 class Settings(BaseSettings):
     """The whole gateway configuration (see ``deploy/settings.example.yaml``)."""
 
@@ -194,6 +264,7 @@ class Settings(BaseSettings):
     rules: list[Rule] = Field(default_factory=lambda: [Rule(endpoint="embeddings", class_="embed")])
     tokens: Tokens = Tokens()
     scheduler: Scheduler = Scheduler()
+    routing: Routing = Routing()
 
     @field_validator("workers")
     @classmethod

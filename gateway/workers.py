@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, WorkerRow
 from gateway.scheduling import worker_budget
 from gateway.settings import Health, Worker
 from policies.types import WorkerSnapshot
@@ -34,8 +34,11 @@ class WorkerState:
     served: int = field(default=0)
     scraped_waiting: float | None = None  # None: unknown (never scraped, or stale)
     kv_usage: float | None = None
+    scraped_running: float | None = None
     gauges: dict[str, float] = field(default_factory=dict)
     scraped_at: float | None = None
+    failovers: int = 0  # requests moved to another worker after this one failed them
+    consecutive_drops: int = 0  # connections dropped before an answer, in a row
 
     @property
     def name(self) -> str:
@@ -120,9 +123,35 @@ class WorkerPool:
                 limits=self._budgets[w.name],
                 scraped_waiting=w.scraped_waiting,
                 kv_usage=w.kv_usage,
+                role=w.spec.role,
             )
             for w in self.workers
         ]
+
+    def rows(self) -> list[WorkerRow]:
+        """Each worker for the metrics collector."""
+        return [
+            WorkerRow(
+                name=w.name,
+                role=w.spec.role,
+                waiting=w.scraped_waiting,
+                running=w.scraped_running,
+                kv_usage=w.kv_usage,
+                served=w.served,
+                failovers=w.failovers,
+            )
+            for w in self.workers
+        ]
+
+    def note_dropped(self, worker: WorkerState) -> None:
+        """The worker dropped a connection before answering. Once may be a keep-alive race;
+        twice in a row (across requests) it counts as down until its health check passes."""
+        worker.consecutive_drops += 1
+        if worker.consecutive_drops >= 2:
+            self.mark_down(worker, f"dropped {worker.consecutive_drops} connections in a row")
+
+    def note_answered(self, worker: WorkerState) -> None:
+        worker.consecutive_drops = 0
 
     def mark_down(self, worker: WorkerState, reason: str) -> None:
         if worker.up is not False:
@@ -202,6 +231,7 @@ class WorkerPool:
             fresh = w.scraped_at is not None and now - w.scraped_at <= stale_after
             w.scraped_waiting = w.gauges.get("vllm:num_requests_waiting") if fresh else None
             w.kv_usage = w.gauges.get("vllm:kv_cache_usage_perc") if fresh else None
+            w.scraped_running = w.gauges.get("vllm:num_requests_running") if fresh else None
 
     async def check_all(self, session: aiohttp.ClientSession) -> None:
         await asyncio.gather(*(self.check(session, w) for w in self.workers))
@@ -235,9 +265,15 @@ class WorkerPool:
                 "url": w.spec.url,
                 "role": w.spec.role,
                 "models": list(w.spec.models),
+                "upstream_models": dict(w.spec.upstream_models),
                 "up": w.up,
                 "in_flight": w.in_flight,
                 "served": w.served,
+                "failovers": w.failovers,
+                # Fresh scraped values the router and budgets use; None: unknown (stale).
+                "waiting": w.scraped_waiting,
+                "running": w.scraped_running,
+                "kv_usage": w.kv_usage,
                 "last_check_age_s": None if w.last_check is None else round(now - w.last_check, 3),
                 "last_error": w.last_error,
                 "scraped": dict(w.gauges),

@@ -1,4 +1,4 @@
-"""Which worker an admitted request goes to (a simple stand-in until the router exists)."""
+"""Which worker an admitted request goes to: the router's order, the budgets' verdict."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from policies.budgets import Verdict, WorkerUsage, check
+from policies.routing import DEFAULT_POLICY, RoutingPolicy, scores
 from policies.types import WorkerSnapshot
 
 
@@ -33,23 +34,27 @@ def place(
     interactive: bool,
     prompt_tokens: int,
     eligible: frozenset[str] | None = None,
+    routing: RoutingPolicy = DEFAULT_POLICY,
 ) -> Placement:
-    """The worker with the fewest in-flight requests among those the request fits (ties by
-    name), else the reason it fits none. ``usage`` must hold every worker in ``workers``;
-    only workers named in ``eligible`` count (None: all)."""
-    best: tuple[int, str] | None = None
+    """The best-scoring worker (``policies.routing.scores``: gateway in-flight, scraped
+    waiting and KV usage; ties by name) among those the request fits, else the reason it
+    fits none. ``usage`` must hold every worker in ``workers``; only workers named in
+    ``eligible`` count (None: all). Scores are normalised over the healthy eligible
+    workers, whether they fit or not."""
+    considered = [w for w in workers if eligible is None or w.name in eligible]
+    healthy_ws = [w for w in considered if w.healthy]
+    score = scores(healthy_ws, {w.name: usage[w.name].in_flight for w in healthy_ws}, routing)
+    best: tuple[float, str] | None = None
     healthy = 0
     own_cap = 0
-    for w in workers:
-        if eligible is not None and w.name not in eligible:
-            continue
+    for w in considered:
         u = usage[w.name]
         verdict = check(w, u, cls, interactive, prompt_tokens)
         if verdict is Verdict.UNHEALTHY:
             continue
         healthy += 1
         if verdict is Verdict.FITS:
-            key = (u.in_flight, w.name)
+            key = (score[w.name], w.name)
             if best is None or key < best:
                 best = key
         elif verdict is Verdict.CLASS_CAP:

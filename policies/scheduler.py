@@ -16,6 +16,7 @@ from policies.class_queue import ClassQueue
 from policies.fairness import FAIR_SHARES, FairShareFactory, FairShareParams
 from policies.ordering import ORDERINGS, OrderingPolicy
 from policies.placement import Blocked, place
+from policies.routing import DEFAULT_POLICY, RoutingPolicy, route
 from policies.shares import ShareLedger
 from policies.shedding import check_enqueue
 from policies.types import (
@@ -77,8 +78,10 @@ class Scheduler:
         default_tenant_weight: float = 1.0,
         fair_shares: Mapping[str, FairShareFactory] = FAIR_SHARES,
         orderings: Mapping[str, OrderingPolicy] = ORDERINGS,
+        routing: RoutingPolicy = DEFAULT_POLICY,
     ) -> None:
-        """Raises ValueError for repeated class or tenant names, or unknown policy names."""
+        """Raises ValueError for repeated class or tenant names, or unknown policy names.
+        ``routing`` filters and orders each request's workers (``policies.routing``)."""
         weights: dict[str, float] = {}
         for t in tenants:
             if t.name in weights:
@@ -101,6 +104,7 @@ class Scheduler:
         self._running: dict[str, _Running] = {}
         self._loads: dict[str, WorkerLoad] = {}
         self._ledger = ShareLedger()
+        self._routing = routing
 
     # ----------------------------------------------------------------- queue events
 
@@ -193,10 +197,15 @@ class Scheduler:
             for cand in q.candidates():
                 if len(closed) >= len(names):
                     break
-                allowed = (names if cand.workers is None else names & cand.workers) - closed
+                # The router picks the role tier by health (a long prompt waits for a busy
+                # long-prefill worker rather than spilling onto a general one); the budgets
+                # then decide which of those it fits, best score first.
+                allowed = route(workers, cand, self._routing) - closed
                 if not allowed:
-                    continue  # its workers are held, or none of them is known
-                spot = place(workers, usage, name, interactive, cand.prompt_tokens, allowed)
+                    continue  # its workers are held, down, or none of them is known
+                spot = place(
+                    workers, usage, name, interactive, cand.prompt_tokens, allowed, self._routing
+                )
                 if spot.worker is not None:
                     self._start(cand, spot.worker, interactive)
                     return Admission(cand, spot.worker)

@@ -52,6 +52,9 @@ class QueuedRequest:
     max_tokens: int
     deadline: float | None = None
     workers: frozenset[str] | None = None
+    # The endpoint ("chat", "completions", "embeddings"; None: unknown, a generation
+    # request): the router sends embeddings to an ``embeddings`` worker when one is healthy.
+    endpoint: str | None = None
 
     def __post_init__(self) -> None:
         _require(bool(self.id), "request id must not be empty")
@@ -197,6 +200,7 @@ class WorkerSnapshot:
     limits: WorkerBudget = field(default_factory=WorkerBudget)
     scraped_waiting: float | None = None
     kv_usage: float | None = None
+    role: str = "general"  # general | long_prefill | embeddings (see policies.routing)
 
     def __post_init__(self) -> None:
         _require(bool(self.name), "worker name must not be empty")

@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -75,8 +75,9 @@ def gateway(settings: dict[str, Any], name: str = "gateway") -> Iterator[str]:
 
 
 @contextmanager
-def instant_upstream(delay_ms: float = 0.0) -> Iterator[str]:
-    """Run the instant OpenAI-style upstream as a real process; yield its base URL."""
+def instant_upstream(delay_ms: float = 0.0, args: Sequence[str] = ()) -> Iterator[str]:
+    """Run the instant OpenAI-style upstream as a real process; yield its base URL.
+    ``args``: more of its command-line options (e.g. ``--served-model``)."""
     port = free_port()
     proc = subprocess.Popen(
         [
@@ -87,6 +88,7 @@ def instant_upstream(delay_ms: float = 0.0) -> Iterator[str]:
             str(port),
             "--delay-ms",
             str(delay_ms),
+            *args,
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -1,0 +1,546 @@
+"""Embeddings coalescing: concurrent ``/v1/embeddings`` requests become one upstream call.
+
+Requests for the same worker, class, model and parameters (every body key but ``input``
+must be equal: ``encoding_format``, ``dimensions``, ``user``, ``truncate_prompt_tokens``...)
+join one *batch*; the class's batching window (``policies.windows``) decides when it goes.
+The batch is sent as one call whose ``input`` is every member's items in join order; the
+answer is split back: each caller gets its own items, ``index`` counted from 0 again, and
+its own ``usage``. A caller with several items keeps them together in one batch.
+
+Only inputs vLLM's embeddings endpoint accepts as a text or token batch are merged: a string,
+an array of strings, an array of token ids, an array of token-id arrays. Each caller's
+input is checked before it is queued (a malformed one gets 400 alone, see :func:`mergeable`);
+chat-style inputs (message objects) and the binary ``bytes`` encodings are forwarded alone,
+unchanged. If a merged call still fails with 400 or 422, it is split in halves and each is
+retried (down to single requests), so only the bad one fails. A caller that disconnects
+before its batch is sent leaves the batch; after that, its part of the answer is dropped.
+
+**Admission.** Each caller is admitted by the scheduler on its own before it joins a batch,
+and holds its own ticket until the merged call returns. vLLM turns every item of a list
+input into its own engine request, so one ticket per caller keeps the scheduler's accounting
+true to what runs on the worker (in-flight counts, per-class caps, prefill tokens), keeps
+fair sharing charging each app for its own tokens, and keeps shedding, queue timeouts and
+disconnects per request. A batch therefore never holds more callers than the worker's budget
+admits at once.
+
+**Usage.** vLLM reports only the call's total prompt tokens (the sum over its items). Each
+caller gets an exact share where it can be known: a token-id item counts its length (vLLM
+adds no special tokens to token inputs). The rest of the total is shared among the text
+items in proportion to their characters, by largest remainders, so the callers' numbers add
+up exactly to the worker's total. A caller alone in its call (or the only one with text
+items) gets the worker's exact count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Protocol
+
+import aiohttp
+from starlette.responses import Response
+
+from gateway.errors import BadRequest, GatewayError, UpstreamFailed
+from gateway.metrics import GatewayMetrics
+from gateway.parse import ParsedRequest
+from gateway.proxy import Proxy, Result, TicketHooks, WorkerUnreachable
+from gateway.settings import RequestClass, Settings
+from gateway.workers import WorkerState
+from policies.windows import ArrivalGaps, BatchView, Load, WindowPolicy, decide
+
+log = logging.getLogger("hearthgate.coalesce")
+
+Item = str | list[int]
+# Encodings whose items are JSON values that can be split per item.
+_SPLITTABLE = (None, "float", "base64")
+_RETRY_ALONE = (400, 422)
+
+
+# ------------------------------------------------------------------ validation
+
+
+def _is_token_ids(v: object) -> bool:
+    return isinstance(v, list) and all(type(t) is int for t in v)
+
+
+def _has_object(v: object) -> bool:
+    return isinstance(v, dict) or (isinstance(v, list) and any(_has_object(x) for x in v))
+
+
+def input_items(value: object) -> list[Item] | None:
+    """The items of an embeddings ``input``: one per embedding vLLM will return.
+
+    ``None`` for chat-style inputs (message objects), which are forwarded alone as they
+    are. Raises BadRequest for an input that is no valid text or token batch: an empty
+    array or token array, a mix of kinds, or a value of the wrong type.
+    """
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list):
+        raise BadRequest("'input' must be a string, an array of strings or of token ids")
+    if _has_object(value):
+        return None
+    if not value:
+        raise BadRequest("'input' must not be an empty array")
+    if all(isinstance(v, str) for v in value):
+        return list(value)
+    if _is_token_ids(value):
+        if any(t < 0 for t in value):
+            raise BadRequest("'input' token ids must be non-negative integers")
+        return [list(value)]
+    if all(isinstance(v, list) for v in value):
+        for i, v in enumerate(value):
+            if not v:
+                raise BadRequest(f"'input[{i}]' must not be an empty token array")
+            if not _is_token_ids(v) or any(t < 0 for t in v):
+                raise BadRequest(f"'input[{i}]' must be an array of non-negative token ids")
+        return [list(v) for v in value]
+    raise BadRequest(
+        "'input' must be a string, an array of strings, an array of token ids or an array "
+        "of token-id arrays (not a mix)"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """An embeddings request the coalescer takes: its items and what must match to merge."""
+
+    parsed: ParsedRequest
+    items: list[Item]
+    params: str  # every body key but ``input``, and the input's kind, as canonical JSON
+
+
+def mergeable(parsed: ParsedRequest) -> Plan | None:
+    """A Plan for a mergeable embeddings request, None for anything forwarded alone.
+    Raises BadRequest for a malformed ``input`` (before the request is queued)."""
+    if parsed.endpoint != "embeddings":
+        return None
+    items = input_items(parsed.body.get("input"))
+    if items is None or parsed.body.get("encoding_format") not in _SPLITTABLE:
+        return None
+    rest = {k: v for k, v in parsed.body.items() if k != "input"}
+    # vLLM takes texts or token arrays in one call, not a mix of both.
+    rest["input"] = "tokens" if isinstance(items[0], list) else "text"
+    return Plan(parsed, items, json.dumps(rest, sort_keys=True, separators=(",", ":")))
+
+
+# ------------------------------------------------------------------ splitting
+
+
+def apportion(total: int, parts: Sequence[Sequence[Item]]) -> list[int]:
+    """Split ``total`` prompt tokens between callers: token-id items count their length,
+    the rest goes to text items in proportion to their characters (each counts one more,
+    so empty ones share too), rounded by largest remainders (ties: earlier caller).
+    The result always sums to ``total`` (when it is >= 0)."""
+    exact = [sum(len(i) for i in items if isinstance(i, list)) for items in parts]
+    weights = [sum(len(i) + 1 for i in items if isinstance(i, str)) for items in parts]
+    rest = total - sum(exact)
+    if rest < 0 or (rest > 0 and not any(weights)):
+        # The worker counted differently: share everything by the known sizes instead.
+        weights = [e + w for e, w in zip(exact, weights, strict=True)]
+        exact = [0] * len(parts)
+        rest = total
+    if not any(weights):
+        return exact
+    wsum = sum(weights)
+    shares = [Fraction(rest * w, wsum) for w in weights]
+    out = [int(s) for s in shares]
+    left = rest - sum(out)
+    order = sorted(range(len(parts)), key=lambda k: (-(shares[k] - out[k]), k))
+    for k in order[:left]:
+        out[k] += 1
+    return [e + o for e, o in zip(exact, out, strict=True)]
+
+
+def split_answer(
+    content: bytes, parts: Sequence[Sequence[Item]], model: str | None = None
+) -> list[dict[str, Any]]:
+    """One response body per caller from a merged call's answer (with ``model`` as the
+    answer's model name when given). Raises ValueError when the answer does not hold one
+    embedding per item."""
+    answer = json.loads(content)
+    data = answer.get("data") if isinstance(answer, dict) else None
+    if not isinstance(data, list) or len(data) != sum(len(p) for p in parts):
+        raise ValueError("the answer does not hold one embedding per input")
+    data = sorted(data, key=lambda d: int(d["index"]))
+    if model is not None and "model" in answer:
+        answer["model"] = model  # the name the client asked for, if the worker's differs
+    usage = answer.get("usage") or {}
+    total = int(usage.get("prompt_tokens") or 0)
+    tokens = apportion(total, parts)
+    out: list[dict[str, Any]] = []
+    start = 0
+    for items, n in zip(parts, tokens, strict=True):
+        mine = [{**d, "index": k} for k, d in enumerate(data[start : start + len(items)])]
+        start += len(items)
+        completion = int(usage.get("completion_tokens") or 0)
+        own_usage = {**usage, "prompt_tokens": n, "total_tokens": n + completion}
+        out.append({**answer, "data": mine, "usage": own_usage})
+    return out
+
+
+# ------------------------------------------------------------------ the coalescer
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """An upstream answer: status, body and its content type."""
+
+    status: int
+    content: bytes
+    content_type: str = "application/json"
+
+
+Upstream = Callable[[WorkerState, bytes], Awaitable[Answer]]
+"""Post an embeddings body to a worker. Raises WorkerUnreachable when it could not be
+delivered (nothing was computed), UpstreamFailed when the worker broke off or timed out."""
+
+
+class Activity(Protocol):
+    """What the window reacts to for one worker: requests admitted to it and not finished
+    (callers waiting in a batch included), and whether interactive work is active."""
+
+    def __call__(self, worker: str) -> tuple[int, bool]: ...
+
+
+class PoolHooks(Protocol):
+    def acquire(self, worker: WorkerState) -> None: ...
+
+    def release(self, worker: WorkerState) -> None: ...
+
+    def mark_down(self, worker: WorkerState, reason: str) -> None: ...
+
+
+@dataclass(eq=False)
+class _Part:
+    plan: Plan
+    worker: WorkerState
+    ticket: TicketHooks
+    cls: str
+    arrival: float
+    joined_at: float
+    tokens: int
+    future: asyncio.Future[Answer]
+    priority: int | None = None
+    sent: bool = False
+
+
+@dataclass(eq=False)
+class _Batch:
+    key: tuple[str, str, str]
+    worker: WorkerState
+    policy: WindowPolicy
+    opened_at: float
+    parts: list[_Part] = field(default_factory=list)
+    timer: asyncio.Handle | None = None
+
+    @property
+    def size(self) -> int:
+        return sum(len(p.plan.items) for p in self.parts)
+
+    @property
+    def tokens(self) -> int:
+        return sum(p.tokens for p in self.parts)
+
+    def view(self) -> BatchView:
+        return BatchView(
+            opened_at=self.opened_at,
+            oldest_arrival=min(p.arrival for p in self.parts),
+            last_join=max(p.joined_at for p in self.parts),
+            size=self.size,
+            tokens=self.tokens,
+        )
+
+
+def window_policy(c: RequestClass) -> WindowPolicy:
+    """A class's settings as the pure window policy (milliseconds to seconds)."""
+    w = c.batching_window()
+    return WindowPolicy(
+        min_wait_s=w.min_wait_ms / 1000,
+        max_wait_s=w.max_wait_ms / 1000,
+        max_batch_size=w.max_batch_size,
+        max_batch_tokens=w.max_batch_tokens,
+        ttft_s=None if c.ttft_ms is None else c.ttft_ms / 1000,
+        ttft_margin_s=w.ttft_margin_ms / 1000,
+    )
+
+
+class Coalescer:
+    """Gathers embeddings callers into batches and answers each from one upstream call."""
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        pool: PoolHooks,
+        policies: dict[str, WindowPolicy],
+        activity: Activity,
+        metrics: GatewayMetrics,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._upstream = upstream
+        self._pool = pool
+        self._policies = policies
+        self._activity = activity
+        self._metrics = metrics
+        self._clock = clock
+        self._open: dict[tuple[str, str, str], _Batch] = {}
+        self._waiting: dict[str, int] = {}  # worker -> callers in open batches
+        self._gaps: dict[str, ArrivalGaps] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # ------------------------------------------------------------ caller side
+
+    async def forward(
+        self,
+        p: Plan,
+        worker: WorkerState,
+        ticket: TicketHooks,
+        cls: str,
+        prompt_tokens: int,
+        received_at: float,
+        done: Callable[[Result], None],
+        disconnected: Callable[[], Awaitable[object]] | None = None,
+        priority: int | None = None,
+    ) -> Response:
+        """Answer one admitted caller (of class ``cls``, with a prompt estimate of
+        ``prompt_tokens``) through a batch. Its ticket is finished exactly once (by the
+        batch, or here if the caller leaves before the batch is sent). Raises
+        WorkerUnreachable (nothing was computed; the caller may retry elsewhere) or a
+        GatewayError. ``priority`` is sent to workers that schedule by priority."""
+        now = self._clock()
+        fut: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        part = _Part(p, worker, ticket, cls, received_at, now, prompt_tokens, fut, priority)
+        self._pool.acquire(worker)
+        self._join(part)
+        watcher: asyncio.Future[object] | None = None
+        try:
+            waits: set[asyncio.Future[Any]] = {fut}
+            if disconnected is not None:
+                watcher = asyncio.ensure_future(disconnected())
+                waits.add(watcher)
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            self._leave(part)
+            raise
+        finally:
+            if watcher is not None and not watcher.done():
+                watcher.cancel()
+        if not fut.done():  # the client went away first
+            self._leave(part)
+            return Response(status_code=499)
+        answer = fut.result()  # raises the batch's error
+        result = Result(answer.status)
+        if answer.status == 200:
+            result.completed = True
+            result.e2e_s = self._clock() - received_at
+            with contextlib.suppress(ValueError, AttributeError, TypeError):
+                usage = json.loads(answer.content).get("usage") or {}
+                result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        done(result)
+        return Response(
+            content=answer.content,
+            status_code=answer.status,
+            headers={"x-hearthgate-worker": worker.name},
+            media_type=answer.content_type,
+        )
+
+    def _leave(self, part: _Part) -> None:
+        """The caller went away: leave the open batch (releasing its ticket) or, once sent,
+        let the batch finish it and drop its answer."""
+        if part.sent:
+            return
+        for key, batch in list(self._open.items()):
+            if part in batch.parts:
+                batch.parts.remove(part)
+                self._waiting[part.worker.name] -= 1
+                if not batch.parts:
+                    if batch.timer is not None:
+                        batch.timer.cancel()
+                    del self._open[key]
+                break
+        part.sent = True  # never sent now
+        self._pool.release(part.worker)
+        part.ticket.finish(0, 0)
+
+    # ------------------------------------------------------------ batching
+
+    def _join(self, part: _Part) -> None:
+        policy = self._policies.get(part.cls) or WindowPolicy()
+        now = part.joined_at
+        self._gaps.setdefault(part.cls, ArrivalGaps(cap_s=max(1.0, 10 * policy.max_wait_s)))
+        self._gaps[part.cls].observe(now)
+        key = (part.worker.name, part.cls, part.plan.params)
+        batch = self._open.get(key)
+        if batch is not None and not policy.fits(
+            batch.size, batch.tokens, len(part.plan.items), part.tokens
+        ):
+            self._send(batch)
+            batch = None
+        if batch is None:
+            batch = _Batch(key, part.worker, policy, now)
+            self._open[key] = batch
+        batch.parts.append(part)
+        self._waiting[part.worker.name] = self._waiting.get(part.worker.name, 0) + 1
+        self._schedule(batch)
+
+    def _schedule(self, batch: _Batch) -> None:
+        now = self._clock()
+        admitted, interactive = self._activity(batch.worker.name)
+        # Busy: admitted work on this worker besides the callers still gathering here.
+        busy = admitted > self._waiting.get(batch.worker.name, 0)
+        gap = self._gaps[batch.parts[0].cls].expected_gap(now)
+        d = decide(batch.policy, batch.view(), Load(busy, interactive), gap, now)
+        if batch.timer is not None:
+            batch.timer.cancel()
+        loop = asyncio.get_running_loop()
+        if batch.policy.full(batch.size, batch.tokens):
+            self._send(batch)
+        elif d.due(now):
+            # Not synchronously: callers woken in the same admission round join first.
+            batch.timer = loop.call_soon(self._send, batch)
+        else:
+            batch.timer = loop.call_later(d.dispatch_at - now, self._send, batch)
+
+    def _send(self, batch: _Batch) -> None:
+        if self._open.get(batch.key) is not batch:
+            return  # already sent (or emptied)
+        del self._open[batch.key]
+        if batch.timer is not None:
+            batch.timer.cancel()
+        self._waiting[batch.worker.name] -= len(batch.parts)
+        now = self._clock()
+        for p in batch.parts:
+            p.sent = True
+            self._metrics.coalesce_window.labels(self._metrics.class_label(p.cls)).observe(
+                now - p.joined_at
+            )
+        task = asyncio.create_task(self._run(batch.worker, batch.parts), name="coalesced-call")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------ upstream side
+
+    async def _run(self, worker: WorkerState, parts: list[_Part]) -> None:
+        """One upstream call for ``parts``; every part's future gets its answer or error,
+        and every ticket is finished and pool slot released exactly once."""
+        model = self._metrics.model_label(parts[0].plan.parsed.model)
+        self._metrics.coalesce_batch_size.labels(model).observe(len(parts))
+        self._metrics.coalesce_upstream_calls.labels(model).inc()
+        for p in parts:
+            p.ticket.expect_no_stream()
+        try:
+            outcome = await self._call(worker, parts)
+        except BaseException:  # cancelled (shutdown), or a bug: never leak a slot
+            self._end(parts, UpstreamFailed("the embeddings call was interrupted"))
+            raise
+        if outcome is not None:
+            self._end(parts, *outcome)
+            return
+        # Some member's input was refused: retry each half (bisecting down to single
+        # requests), so only the bad one fails, in about 2 log2(n) calls for one bad input.
+        log.info("merged embeddings call of %d requests refused; splitting it", len(parts))
+        mid = len(parts) // 2
+        await asyncio.gather(self._run(worker, parts[:mid]), self._run(worker, parts[mid:]))
+
+    async def _call(
+        self, worker: WorkerState, parts: list[_Part]
+    ) -> tuple[BaseException | None, list[Answer], list[int]] | None:
+        """Make the call: (error, answers, prompt tokens) per part, or None when the merged
+        call was refused as a bad request and the parts should be retried apart."""
+        try:
+            answer = await self._upstream(worker, self._body(worker, parts))
+        except WorkerUnreachable as exc:
+            if exc.refused:
+                self._pool.mark_down(worker, "refused an embeddings call")
+            return exc, [], []
+        except GatewayError as exc:
+            return exc, [], []
+        if answer.status in _RETRY_ALONE and len(parts) > 1:
+            return None
+        if answer.status != 200:
+            return None, [answer] * len(parts), []
+        logical = parts[0].plan.parsed.model
+        try:
+            bodies = split_answer(answer.content, [p.plan.items for p in parts], logical)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return UpstreamFailed(f"worker {worker.name} answered malformed JSON"), [], []
+        if len(parts) > 1:
+            self._metrics.coalesce_saved.labels(self._metrics.model_label(logical)).inc(
+                len(parts) - 1
+            )
+        answers = [
+            Answer(200, json.dumps(b, separators=(",", ":")).encode(), answer.content_type)
+            for b in bodies
+        ]
+        return None, answers, [int(b["usage"]["prompt_tokens"]) for b in bodies]
+
+    def _end(
+        self,
+        parts: list[_Part],
+        error: BaseException | None,
+        answers: Sequence[Answer] = (),
+        tokens: Sequence[int] = (),
+    ) -> None:
+        for k, p in enumerate(parts):
+            self._pool.release(p.worker)
+            p.ticket.finish(tokens[k] if tokens else 0, 0)
+            if p.future.done():
+                continue  # the caller went away; its part is dropped
+            if isinstance(error, WorkerUnreachable):
+                p.future.set_exception(WorkerUnreachable(error.worker, error.refused))
+            elif error is not None:
+                p.future.set_exception(error)
+            else:
+                p.future.set_result(answers[k])
+
+    @staticmethod
+    def _body(worker: WorkerState, parts: list[_Part]) -> bytes:
+        first = parts[0].plan.parsed
+        merged: list[Item] = [i for p in parts for i in p.plan.items]
+        body = {**first.body, "input": merged if len(parts) > 1 else first.body["input"]}
+        parsed = ParsedRequest(first.endpoint, body, first.model, False, False, first.max_tokens)
+        return Proxy.upstream_body(parsed, worker, parts[0].priority)
+
+    async def stop(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        for t in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+
+
+def aiohttp_upstream(session: aiohttp.ClientSession, settings: Settings) -> Upstream:
+    """The real upstream: POST ``/v1/embeddings`` on the worker with the gateway's timeouts."""
+    timeout = aiohttp.ClientTimeout(
+        total=None,
+        sock_connect=settings.upstream.connect_timeout_s,
+        sock_read=settings.upstream.read_timeout_s,
+    )
+
+    async def post(worker: WorkerState, body: bytes) -> Answer:
+        try:
+            async with session.post(
+                worker.spec.url + "/v1/embeddings",
+                data=body,
+                headers={"Content-Type": "application/json"},
+                timeout=timeout,
+            ) as resp:
+                content = await resp.read()
+                ctype = resp.headers.get("Content-Type", "application/json")
+                return Answer(resp.status, content, ctype)
+        except (aiohttp.ClientConnectorError, ConnectionRefusedError):
+            raise WorkerUnreachable(worker.name, refused=True) from None
+        except (aiohttp.ServerDisconnectedError, ConnectionResetError):
+            raise WorkerUnreachable(worker.name, refused=False) from None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise UpstreamFailed(
+                f"worker {worker.name} failed while answering: {type(exc).__name__}"
+            ) from None
+
+    return post
