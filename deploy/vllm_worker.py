@@ -86,6 +86,15 @@ def find_embed_model(python: Path) -> Path:
     return model
 
 
+def _nice_session(pid: int, nice: int) -> None:
+    """Lower the CPU weight of the worker's whole session. With the kernel's autogroup
+    scheduling (the default on desktop and many server kernels) a nice value counts only
+    against processes of the same session, and the worker runs in its own session; the
+    session's weight is set through /proc/PID/autogroup instead. Best effort."""
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
+
+
 def _die_with_parent() -> None:
     """preexec_fn: ask Linux to SIGTERM the child when the starting thread dies."""
     with contextlib.suppress(Exception):
@@ -116,6 +125,7 @@ class VllmWorker:
         max_model_len: int | None = None,
         env: Mapping[str, str] | None = None,
         die_with_parent: bool = True,
+        nice: int = 0,
     ) -> None:
         if kind not in SERVED_NAMES:
             raise ValueError(f"kind must be 'gen' or 'embed', not {kind!r}")
@@ -138,6 +148,9 @@ class VllmWorker:
         )
         self._extra_env: dict[str, str] = dict(env or {})
         self.die_with_parent = die_with_parent
+        # CPU niceness (through nice(1), so the pid stays vLLM's): a worker that stands in
+        # for GPU work can yield the core it shares with the gateway or the load generator.
+        self.nice = nice
         self.served_model_name = SERVED_NAMES[kind]
         self.ready_after: float | None = None
         """Seconds from ``start()`` to ready, once ``wait_ready`` succeeded."""
@@ -168,7 +181,8 @@ class VllmWorker:
     def command(self) -> list[str]:
         """The full command line that ``start()`` runs."""
         dtype = "bfloat16" if self.kind == "gen" else "float32"
-        cmd = [
+        cmd = ["nice", "-n", str(self.nice)] if self.nice else []
+        cmd += [
             str(self.python),
             "-m",
             "vllm.entrypoints.openai.api_server",
@@ -255,6 +269,8 @@ class VllmWorker:
                 preexec_fn=_die_with_parent if (self.die_with_parent and on_main) else None,
             )
             self._log = log
+            if self.nice:
+                _nice_session(self._proc.pid, self.nice)
             atexit.register(self.stop)
 
     def check_ready(self) -> bool:

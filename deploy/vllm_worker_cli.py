@@ -45,6 +45,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--python", default=None, help="vLLM venv python")
     parser.add_argument("--model", default=None, help="model folder")
     parser.add_argument("--timeout", type=float, default=180.0, help="start-up timeout, s")
+    parser.add_argument(
+        "--nice", type=int, default=0, help="CPU niceness of the worker's session (0-19)"
+    )
     args = parser.parse_args(args_in)
 
     worker = VllmWorker(
@@ -56,6 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         python=args.python,
         model_dir=args.model,
         host=args.host,
+        nice=args.nice,
     )
     previous = {sig: signal.signal(sig, _raise_interrupted) for sig in _STOP_SIGNALS}
     try:

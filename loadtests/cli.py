@@ -51,16 +51,20 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--no-raw", action="store_true", help="do not write raw JSONL records")
+    p.add_argument("--without", help="leave these classes' flows out (comma-separated)")
 
 
 def _scenario(args: argparse.Namespace) -> Scenario:
     sc = load_scenario(args.scenario)
-    if any(x is not None for x in (args.duration, args.warmup, args.rate_scale, args.seed)):
+    without = getattr(args, "without", None)
+    overrides = (args.duration, args.warmup, args.rate_scale, args.seed, without)
+    if any(x is not None for x in overrides):
         sc = sc.with_overrides(
             duration_s=args.duration,
             warmup_s=args.warmup,
             rate_scale=args.rate_scale,
             seed=args.seed,
+            without={c.strip() for c in without.split(",") if c.strip()} if without else None,
         )
     return sc
 

@@ -19,6 +19,13 @@ largest inter-token gap. Fairness: service = input + 2 x output tokens in the st
 Jain (max-min) is Jain's index over each app's service relative to its weighted max-min
 fair share given its demand (1 = fair)."""
 
+EMBEDDINGS_NOTE = """\
+Embedding inputs/s count inputs of requests completed inside the steady window; offered is
+what the scenario sent in it. Upstream calls are the embeddings calls made to the worker during
+the run: through the gateway, the increase of
+`hearthgate_coalesce_upstream_calls_total`; for vLLM alone, one per request sent. Inputs per
+call = inputs sent / upstream calls."""
+
 
 LAG_WARN_S = 0.05
 CPU_WARN = 0.5
@@ -97,7 +104,39 @@ def _side_by_side(summary: dict[str, Any]) -> list[str]:
         ["target", "interactive attainment", "background output tok/s", "goodput (good req/s)"],
         inter,
     )
+    if any(f.get("endpoint") == "embeddings" for f in summary["scenario"].get("flows", [])):
+        lines += _embeddings(targets)
     return lines
+
+
+def _embeddings(targets: dict[str, Any]) -> list[str]:
+    """The embeddings table: throughput and upstream calls beside interactive attainment."""
+    rows = []
+    for n, t in targets.items():
+        e = t.get("embeddings") or {}
+        rows.append(
+            [
+                n,
+                _fmt(e.get("inputs_per_s")),
+                _fmt(e.get("inputs_offered_per_s")),
+                _fmt(e.get("upstream_calls")),
+                _fmt(e.get("inputs_per_call")),
+                _fmt(e.get("e2e_p50_s"), "ms"),
+                _fmt(e.get("e2e_p99_s"), "ms"),
+                _fmt(t["interactive"]["attainment"], "pct"),
+            ]
+        )
+    head = [
+        "target",
+        "embedding inputs/s",
+        "offered inputs/s",
+        "upstream calls",
+        "inputs per call",
+        "embed e2e p50 (ms)",
+        "e2e p99 (ms)",
+        "interactive attainment",
+    ]
+    return ["### Embeddings", "", *_table(head, rows), EMBEDDINGS_NOTE, ""]
 
 
 def _target_details(name: str, t: dict[str, Any]) -> list[str]:

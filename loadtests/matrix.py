@@ -5,6 +5,7 @@ launcher: the engine behind `compare` (one workload, rounds interleaved over tar
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -79,8 +80,12 @@ def run_matrix(
         return asyncio.run(bench.calibrate_for(first, gen, emb, log))
 
     with launcher_factory(targets, need_embed=need_embed, env=_app_env(first)) as launcher:
+        everywhere = os.sched_getaffinity(0)
         for rnd, spec in schedule:
+            os.sched_setaffinity(0, everywhere)  # workers started now must not inherit a pin
             endpoints = launcher.up(spec)
+            if targets.client_core is not None:
+                os.sched_setaffinity(0, {targets.client_core})
             fresh = launcher.restarted
             if cal is None:
                 cal = calibration_for(endpoints)
@@ -102,6 +107,7 @@ def run_matrix(
                 )
                 fresh = False
                 cells.append(Cell(label, spec.name, rnd, outcome))
+        os.sched_setaffinity(0, everywhere)
     assert cal is not None
     return cal, plans, cells
 
@@ -133,4 +139,9 @@ def target_info(spec: TargetSpec, rnd: int) -> dict[str, object]:
         "worker_args": list(spec.worker_args),
         "send_priority": spec.send_priority,
         "round": rnd + 1,
+        **(
+            {"workers": {n: w.model_dump(exclude_none=True) for n, w in spec.workers.items()}}
+            if spec.workers
+            else {}
+        ),
     }

@@ -5,7 +5,7 @@ so repeated, interleaved runs are reported as: counts summed over runs, attainme
 (good / requests over all runs) with each run's value, its median, min and max beside it;
 latency and throughput fields as the median over runs. Fairness, server-side and run-health
 details are taken from the run whose class attainment is the median one (first class in the
-scenario).
+scenario). The embeddings block's numbers are medians over runs.
 """
 
 from __future__ import annotations
@@ -71,10 +71,18 @@ def merge_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
         ),
         "goodput_rps": _median([r["interactive"]["goodput_rps"] for r in runs]),
     }
-    return {
+    out = {
         **median_run,
         "repeats": len(runs),
         "run": run_block,
         "interactive": interactive,
         "classes": classes,
     }
+    if median_run.get("embeddings"):
+        out["embeddings"] = {
+            k: v
+            if isinstance(v, str)
+            else _median([(r.get("embeddings") or {}).get(k) for r in runs])
+            for k, v in median_run["embeddings"].items()
+        }
+    return out

@@ -21,6 +21,12 @@ Definitions (the markdown report repeats them):
   service / weight; `jain_maxmin` is Jain's index over service / (its weighted max-min fair
   share of the delivered total given each app's demand, the service its measured requests
   asked for). 1 is fair; a flooding app that gets less than it asks for is not unfair.
+- Embeddings (when the scenario has an embeddings flow): *inputs_per_s* = embedding inputs
+  of requests that completed inside the steady window, per second of it (any request, as for
+  token rates); *upstream_calls* = embeddings calls that reached a worker during the run:
+  through a gateway, the increase of `hearthgate_coalesce_upstream_calls_total` from the
+  first gateway sample to the last; without one, the embeddings requests sent (one call
+  each). *inputs_per_call* = inputs sent / upstream calls.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ from loadtests.stats import jain_index, max_min_fair, mean, percentile
 
 W_IN = 1.0
 W_OUT = 2.0
+UPSTREAM_CALLS = "hearthgate_coalesce_upstream_calls_total"
+INPUTS_PER_REQUEST = 1  # the workload sends one string per embeddings request
 
 
 def _r(x: float | None, nd: int = 4) -> float | None:
@@ -188,10 +196,59 @@ def server_summary(samples: Sequence[Sample]) -> dict[str, dict[str, dict[str, f
         out[src] = {}
         for k, vs in sorted(metrics.items()):
             row = {"mean": round(sum(vs) / len(vs), 4), "max": round(max(vs), 4)}
-            if k.endswith("_total"):
+            if k.split("{", 1)[0].endswith("_total"):
                 row["increase"] = round(vs[-1] - vs[0], 4)
             out[src][k] = row
     return out
+
+
+def counter_increase(samples: Sequence[Sample], source: str, name: str) -> float | None:
+    """The increase of counter `name` (summed over its label sets) from the first sample of
+    `source` to its last; None when no sample of `source` holds it. A series missing from a
+    sample counts 0 (a labelled counter shows up once it is first incremented)."""
+    ss = sorted((s for s in samples if s.source == source), key=lambda s: s.t_s)
+
+    def total(s: Sample) -> float:
+        return sum(v for k, v in s.values.items() if k.split("{", 1)[0] == name)
+
+    if not any(k.split("{", 1)[0] == name for s in ss for k in s.values):
+        return None
+    return total(ss[-1]) - total(ss[0])
+
+
+def embeddings_summary(
+    recs: Sequence[RequestRecord],
+    samples: Sequence[Sample],
+    *,
+    duration_s: float,
+    warmup_s: float,
+) -> dict[str, Any]:
+    """Embedding throughput and upstream calls of one run (see the module docstring)."""
+    emb = [r for r in recs if r.endpoint == "embeddings"]
+    steady = duration_s - warmup_s
+    done = sum(
+        r.outcome == "ok" and r.end_s is not None and warmup_s <= r.end_s < duration_s for r in emb
+    )
+    offered = sum(warmup_s <= r.scheduled_s < duration_s for r in emb)
+    sent = sum(r.sent_s is not None for r in emb)
+    calls: float | None
+    if any(s.source == "gateway" for s in samples):
+        calls, source = counter_increase(samples, "gateway", UPSTREAM_CALLS), "gateway_metrics"
+    else:
+        calls, source = float(sent), "requests_sent"
+    measured_ok = [r for r in emb if not r.warmup and r.outcome == "ok"]
+    e2e = [t for r in measured_ok if (t := r.e2e_s) is not None]
+    return {
+        "inputs_per_s": _r(done * INPUTS_PER_REQUEST / steady, 2),
+        "inputs_offered_per_s": _r(offered * INPUTS_PER_REQUEST / steady, 2),
+        "requests_sent": sent,
+        "inputs_sent": sent * INPUTS_PER_REQUEST,
+        "upstream_calls": None if calls is None else round(calls),
+        "upstream_calls_from": source,
+        "inputs_per_call": _r(sent * INPUTS_PER_REQUEST / calls, 2) if calls else None,
+        "e2e_p50_s": _r(percentile(e2e, 50)),
+        "e2e_p99_s": _r(percentile(e2e, 99)),
+    }
 
 
 def summarize(result: RunResult, scenario: Scenario) -> dict[str, Any]:
@@ -219,7 +276,7 @@ def summarize(result: RunResult, scenario: Scenario) -> dict[str, Any]:
     for r in measured:
         if r.error:
             errors[r.error[:120]] += 1
-    return {
+    out: dict[str, Any] = {
         "run": {
             "started_at": result.started_at,
             "requests": len(measured),
@@ -257,3 +314,6 @@ def summarize(result: RunResult, scenario: Scenario) -> dict[str, Any]:
         },
         "server": server_summary(result.samples),
     }
+    if any(f.endpoint == "embeddings" for f in scenario.flows):
+        out["embeddings"] = embeddings_summary(recs, result.samples, duration_s=dur, warmup_s=warm)
+    return out

@@ -35,6 +35,11 @@ class Endpoints:
     set (vLLM alone needs a separate embeddings worker; the gateway routes by itself).
     `headers` are added to every request (after the app's Authorization and class headers, so
     they win). `send_priority` adds each class's vLLM `priority` to generation requests.
+
+    `base_urls` (several vLLM workers, no gateway) is a round-robin split: request i of the
+    planned workload (its index in plan order) goes to `base_urls[i % n]` instead of
+    `base_url`, the same split on every run. `more_worker_metrics` are the other workers'
+    `/metrics`, sampled with `worker_metrics` into one summed `worker` series.
     """
 
     name: str
@@ -45,10 +50,23 @@ class Endpoints:
     worker_metrics: str | None = None
     embed_metrics: str | None = None
     gateway_metrics: str | None = None
+    base_urls: tuple[str, ...] = ()
+    more_worker_metrics: tuple[str, ...] = ()
 
-    def url_for(self, req: PlannedRequest) -> str:
-        base = self.embed_url if req.endpoint == "embeddings" and self.embed_url else self.base_url
+    def url_for(self, req: PlannedRequest, index: int = 0) -> str:
+        """Where request `req` goes; `index` is its position in the plan (round-robin)."""
+        if req.endpoint == "embeddings" and self.embed_url:
+            base = self.embed_url
+        elif self.base_urls:
+            base = self.base_urls[index % len(self.base_urls)]
+        else:
+            base = self.base_url
         return base.rstrip("/") + req.path
+
+    def all_urls_for(self, req: PlannedRequest) -> list[str]:
+        """Every URL `req` may go to (each worker of a round-robin split, for warm-up)."""
+        n = max(1, len(self.base_urls))
+        return list(dict.fromkeys(self.url_for(req, i) for i in range(n)))
 
     def wants_priority(self, req: PlannedRequest) -> bool:
         """Priorities go to generation requests only: embeddings workers run fcfs."""
@@ -57,7 +75,7 @@ class Endpoints:
     def sources(self) -> list[Source]:
         out = []
         if self.worker_metrics:
-            out.append(Source("worker", self.worker_metrics, "worker"))
+            out.append(Source("worker", self.worker_metrics, "worker", self.more_worker_metrics))
         if self.embed_metrics:
             out.append(Source("embed_worker", self.embed_metrics, "worker"))
         if self.gateway_metrics:
@@ -133,7 +151,8 @@ async def run_workload(
     tasks: list[asyncio.Task[RequestRecord]] = []
     cpu0, wall0 = time.process_time(), time.perf_counter()
     try:
-        for req in sorted(reqs, key=lambda r: (r.scheduled_s, r.id)):
+        # `index` (the position in plan order) picks the worker of a round-robin split.
+        for index, req in enumerate(sorted(reqs, key=lambda r: (r.scheduled_s, r.id))):
             delay = t0 + req.scheduled_s - clock()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -143,7 +162,7 @@ async def run_workload(
                 execute(
                     sess,
                     rec,
-                    url=target.url_for(req),
+                    url=target.url_for(req, index),
                     body=req.body(
                         send_priority=target.send_priority and req.endpoint != "embeddings"
                     ),
@@ -189,19 +208,20 @@ async def prime(
     concurrency: int = 4,
     rounds: int = 1,
 ) -> list[RequestRecord]:
-    """Warm the target up: send every priming request (`rounds` times), at most `concurrency`
-    at once, and discard the timings. Returns the records so failures can be reported."""
+    """Warm the target up: send every priming request (`rounds` times; to every worker of a
+    round-robin split), at most `concurrency` at once, and discard the timings. Returns the
+    records so failures can be reported."""
     own = session is None
     sess = make_session() if session is None else session
     sem = asyncio.Semaphore(concurrency)
     t0 = time.perf_counter()
 
-    async def one(req: PlannedRequest) -> RequestRecord:
+    async def one(req: PlannedRequest, url: str) -> RequestRecord:
         async with sem:
             return await execute(
                 sess,
                 new_record(req, target.name),
-                url=target.url_for(req),
+                url=url,
                 body=req.body(send_priority=target.wants_priority(req)),
                 headers=request_headers(scenario, target, req),
                 timeout_s=scenario.request_timeout_s,
@@ -211,7 +231,9 @@ async def prime(
     try:
         out: list[RequestRecord] = []
         for _ in range(rounds):
-            out.extend(await asyncio.gather(*(one(r) for r in reqs)))
+            out.extend(
+                await asyncio.gather(*(one(r, u) for r in reqs for u in target.all_urls_for(r)))
+            )
         return out
     finally:
         if own:

@@ -2,7 +2,13 @@
 
 vLLM's gauges of interest are summed over their label sets (one engine per worker here). For
 the gateway every *gauge* whose name starts with `hearthgate_` is kept, keyed with its labels,
-so the sampler does not depend on the gateway's exact metric names.
+so the sampler does not depend on the gateway's exact metric names, plus the few counters in
+`GATEWAY_COUNTERS` (the coalescer's upstream calls), whose increase the report shows.
+
+Several generation workers (a round-robin split, or the gateway's two workers) are one `worker`
+series: each scrape reads every worker and records the sum over workers, except KV cache usage,
+which is the mean (the pooled fraction, as the workers' caches are the same size). A scrape in
+which any worker fails is counted as an error and recorded for none.
 """
 
 from __future__ import annotations
@@ -25,6 +31,11 @@ VLLM_METRICS: tuple[str, ...] = (
     "vllm:num_preemptions_total",
 )
 GATEWAY_PREFIX = "hearthgate_"
+# Gateway counters kept besides the gauges (the report takes their increase over a run).
+GATEWAY_COUNTERS: tuple[str, ...] = (
+    "hearthgate_coalesce_upstream_calls_total",
+    "hearthgate_coalesce_calls_saved_total",
+)
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)(?:\s+\S+)?$")
 
@@ -70,23 +81,42 @@ def worker_values(text: str, names: tuple[str, ...] = VLLM_METRICS) -> dict[str,
     return out
 
 
-def gateway_values(text: str, prefix: str = GATEWAY_PREFIX) -> dict[str, float]:
-    """Every gauge named `prefix...`, keyed `name{labels}`."""
+MEAN_OVER_WORKERS: frozenset[str] = frozenset({"vllm:kv_cache_usage_perc"})
+
+
+def combine_workers(per_worker: list[dict[str, float]]) -> dict[str, float]:
+    """One worker series from several workers' values: summed, except the fractions in
+    `MEAN_OVER_WORKERS`, averaged over the workers that report them."""
+    out: dict[str, float] = {}
+    seen: dict[str, int] = {}
+    for values in per_worker:
+        for k, v in values.items():
+            out[k] = out.get(k, 0.0) + v
+            seen[k] = seen.get(k, 0) + 1
+    return {k: v / seen[k] if k in MEAN_OVER_WORKERS else v for k, v in out.items()}
+
+
+def gateway_values(
+    text: str, prefix: str = GATEWAY_PREFIX, counters: tuple[str, ...] = GATEWAY_COUNTERS
+) -> dict[str, float]:
+    """Every gauge named `prefix...` and the series of `counters`, keyed `name{labels}`."""
     types, samples = parse_prometheus(text)
     return {
         s.name + s.labels: s.value
         for s in samples
-        if s.name.startswith(prefix) and types.get(s.name) == "gauge"
+        if (s.name.startswith(prefix) and types.get(s.name) == "gauge") or s.name in counters
     }
 
 
 @dataclass(frozen=True)
 class Source:
-    """A `/metrics` URL to scrape; `kind` is "worker" (vLLM) or "gateway"."""
+    """A `/metrics` URL to scrape; `kind` is "worker" (vLLM) or "gateway". A worker source
+    may name `more_urls`, further workers combined with `url` into one series."""
 
     name: str
     url: str
     kind: str
+    more_urls: tuple[str, ...] = ()
 
 
 class Sampler:
@@ -112,20 +142,31 @@ class Sampler:
         self.errors = 0
         self._stop = asyncio.Event()
 
-    async def _scrape(self, src: Source) -> None:
+    async def _fetch(self, url: str) -> tuple[str, float] | None:
+        """The page's text and when it arrived (relative to t0); None on failure."""
         try:
             async with self.session.get(
-                src.url, timeout=aiohttp.ClientTimeout(total=max(1.0, 2 * self.interval_s))
+                url, timeout=aiohttp.ClientTimeout(total=max(1.0, 2 * self.interval_s))
             ) as resp:
                 text = await resp.text()
                 t = self.clock() - self.t0
                 if resp.status != 200:
-                    self.errors += 1
-                    return
+                    return None
         except (aiohttp.ClientError, OSError, TimeoutError):
+            return None
+        return text, t
+
+    async def _scrape(self, src: Source) -> None:
+        pages = await asyncio.gather(*(self._fetch(u) for u in (src.url, *src.more_urls)))
+        got = [p for p in pages if p is not None]
+        if len(got) < len(pages):
             self.errors += 1
             return
-        values = worker_values(text) if src.kind == "worker" else gateway_values(text)
+        t = max(at for _, at in got)
+        if src.kind == "worker":
+            values = combine_workers([worker_values(text) for text, _ in got])
+        else:
+            values = gateway_values(got[0][0])
         self.samples.append(Sample(self.target, src.name, round(t, 4), values))
 
     async def run(self) -> None:
@@ -139,6 +180,9 @@ class Sampler:
             if delay > 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), timeout=delay)
+        # One last scrape once stopped (after the run's last response), so counters' final
+        # values are in: the report takes their increase from the first sample to the last.
+        await asyncio.gather(*(self._scrape(s) for s in self.sources))
 
     def stop(self) -> None:
         self._stop.set()

@@ -248,10 +248,18 @@ class Scenario(_Model):
         warmup_s: float | None = None,
         seed: int | None = None,
         classes: set[str] | None = None,
+        without: set[str] | None = None,
     ) -> Scenario:
-        """A copy with rates multiplied (for the flows of `classes`, or all) and the run
-        length or seed replaced. Flow time bounds are kept; ones past the new duration drop."""
+        """A copy with rates multiplied (for the flows of `classes`, or all), the run length
+        or seed replaced, and the classes in `without` left out. Flow time bounds are kept;
+        ones past the new duration drop."""
         data = self.model_dump(by_alias=True)
+        if without:
+            unknown = sorted(without - set(data["classes"]))
+            if unknown:
+                raise ScenarioError(f"no such class to leave out: {', '.join(unknown)}")
+            data["flows"] = [f for f in data["flows"] if f["class"] not in without]
+            data["classes"] = {k: v for k, v in data["classes"].items() if k not in without}
         if duration_s is not None:
             data["duration_s"] = duration_s
             if warmup_s is None and self.warmup_s >= duration_s:

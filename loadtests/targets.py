@@ -2,11 +2,15 @@
 
 A targets file (YAML) lists what to measure, in order:
 
-- `kind: vllm`: vLLM alone. A generation worker (and an embeddings worker when the scenario
-  has embeddings flows) is started through `deploy/vllm_worker.py` with the target's extra
-  `worker_args`; `send_priority: true` makes the client send each class's vLLM priority.
+- `kind: vllm`: vLLM alone. The generation worker(s) (and an embeddings worker when the
+  scenario has embeddings flows) are started through `deploy/vllm_worker.py` with the target's
+  extra `worker_args`; `send_priority: true` makes the client send each class's vLLM priority.
+  With several generation workers (`gen_workers`), vLLM alone sits behind a round-robin split:
+  request i of the planned workload goes to worker i mod n (see `runner.Endpoints`).
 - `kind: gateway`: the same workers plus `hearthgate serve` in front, from a settings file
-  (or inline `settings`) whose `listen` and `workers` are filled in by the launcher.
+  (`config`) and/or inline `settings` (merged over the file), whose `listen` and `workers`
+  are filled in by the launcher: one settings worker per generation worker, with the role
+  and limits the target's `workers` entry gives it.
 - `kind: url`: something already running; nothing is started.
 
 Workers are restarted only when the next target needs different flags, so targets sharing
@@ -15,6 +19,7 @@ flags (vLLM fcfs and the gateway, say) share one warm worker.
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -46,8 +51,23 @@ class _Model(BaseModel):
 
 
 class WorkerPlacement(_Model):
+    # The generation worker's name in gateway settings and `workers:` of a target (default
+    # gen0, gen1, ... in order); unused for the embeddings worker.
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
     port: int = Field(ge=1, le=65535)
     core: int | str
+    nice: int = Field(default=0, ge=0, le=19)
+
+
+class TargetWorker(_Model):
+    """A target's settings for one generation worker (by name)."""
+
+    # vLLM flags of this worker instead of the target's `worker_args` (None: those).
+    worker_args: list[str] | None = None
+    # gateway targets only: the worker's role and its limits (merged over `worker_limits`
+    # of the settings; a key set to null removes it).
+    role: Literal["general", "long_prefill"] = "general"
+    limits: dict[str, Any] | None = None
 
 
 class TargetSpec(_Model):
@@ -56,6 +76,8 @@ class TargetSpec(_Model):
     description: str = ""
     worker_args: list[str] = []
     embed_worker_args: list[str] = []
+    # per generation worker (by name): flags, and for gateway targets role and limits
+    workers: dict[str, TargetWorker] = {}
     send_priority: bool = False
     headers: dict[str, str] = {}
     # gateway
@@ -77,9 +99,22 @@ class TargetSpec(_Model):
             raise ValueError(f"`url` is only for kind url (this target is {self.kind})")
         if self.kind != "gateway" and (self.config or self.settings or self.command):
             raise ValueError("`config`, `settings` and `command` are only for kind gateway")
-        if self.config and self.settings:
-            raise ValueError("give either `config` or `settings`, not both")
+        if self.kind == "url" and self.workers:
+            raise ValueError("`workers` is not for kind url")
+        if self.kind != "gateway":
+            odd = sorted(
+                n for n, w in self.workers.items() if w.role != "general" or w.limits is not None
+            )
+            if odd:
+                raise ValueError(
+                    f"workers {', '.join(odd)}: `role` and `limits` are only for kind gateway"
+                )
         return self
+
+    def args_for(self, worker: str) -> list[str]:
+        """The vLLM flags of generation worker `worker` for this target."""
+        own = self.workers.get(worker)
+        return list(self.worker_args if own is None or own.worker_args is None else own.worker_args)
 
     def describe(self) -> str:
         if self.kind == "url":
@@ -87,13 +122,22 @@ class TargetSpec(_Model):
         flags = " ".join(self.worker_args) or "default flags"
         prio = ", client sends priorities" if self.send_priority else ""
         front = "hearthgate in front of " if self.kind == "gateway" else ""
-        return f"{front}vLLM ({flags}){prio}"
+        per = "; ".join(
+            f"{n}: {w.role}" + (f" {' '.join(w.worker_args)}" if w.worker_args is not None else "")
+            for n, w in self.workers.items()
+        )
+        return f"{front}vLLM ({flags}){prio}" + (f" [{per}]" if per else "")
 
 
 class TargetsFile(_Model):
+    # One generation worker (`gen_worker`) or several (`gen_workers`, a list), not both.
     gen_worker: WorkerPlacement = WorkerPlacement(port=18210, core=1)
+    gen_workers: list[WorkerPlacement] | None = Field(default=None, min_length=1)
     embed_worker: WorkerPlacement = WorkerPlacement(port=18211, core=0)
     gateway_port: int = Field(default=18220, ge=1, le=65535)
+    # CPU cores for the gateway process and for the load generator itself (None: unpinned).
+    gateway_core: int | None = Field(default=None, ge=0)
+    client_core: int | None = Field(default=None, ge=0)
     run_dir: str = ".run/bench"
     start_timeout_s: float = Field(default=300.0, gt=0)
     targets: list[TargetSpec] = Field(min_length=1)
@@ -104,7 +148,32 @@ class TargetsFile(_Model):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"target names must be unique, repeated: {', '.join(dup)}")
+        if self.gen_workers is not None and "gen_worker" in self.model_fields_set:
+            raise ValueError("give either `gen_worker` or `gen_workers`, not both")
+        gens = self.generation_workers()
+        gen_names = [w.name for w in gens]
+        dup = sorted({str(n) for n in gen_names if gen_names.count(n) > 1})
+        if dup:
+            raise ValueError(f"generation worker names must be unique, repeated: {', '.join(dup)}")
+        ports = [w.port for w in gens] + [self.embed_worker.port, self.gateway_port]
+        clash = sorted({p for p in ports if ports.count(p) > 1})
+        if clash:
+            raise ValueError(f"workers and gateway need distinct ports, repeated: {clash}")
+        for t in self.targets:
+            unknown = sorted(set(t.workers) - set(str(n) for n in gen_names))
+            if unknown:
+                raise ValueError(
+                    f"target {t.name}: workers: no generation worker named {', '.join(unknown)} "
+                    f"(workers: {', '.join(str(n) for n in gen_names)})"
+                )
         return self
+
+    def generation_workers(self) -> list[WorkerPlacement]:
+        """The generation workers in order, each with its name (default gen0, gen1, ...)."""
+        listed = self.gen_workers if self.gen_workers is not None else [self.gen_worker]
+        return [
+            w if w.name else w.model_copy(update={"name": f"gen{i}"}) for i, w in enumerate(listed)
+        ]
 
 
 def load_targets(path: str | Path) -> TargetsFile:
@@ -144,15 +213,28 @@ class Worker(Protocol):
     def stop(self, timeout: float = ...) -> int | None: ...
 
 
-WorkerFactory = Callable[[str, int, "int | str", Path, Sequence[str]], Worker]
+class WorkerFactory(Protocol):
+    """Makes the worker the launcher starts (tests pass a fake one)."""
+
+    def __call__(
+        self,
+        kind: str,
+        port: int,
+        core: int | str,
+        log: Path,
+        args: Sequence[str],
+        nice: int = 0,
+    ) -> Worker: ...
 
 
-def _vllm_worker(kind: str, port: int, core: int | str, log: Path, args: Sequence[str]) -> Worker:
+def _vllm_worker(
+    kind: str, port: int, core: int | str, log: Path, args: Sequence[str], nice: int = 0
+) -> Worker:
     from deploy.vllm_worker import VllmWorker
 
     if kind not in ("gen", "embed"):
         raise ValueError(kind)
-    return VllmWorker("gen" if kind == "gen" else "embed", port, core, log, args)
+    return VllmWorker("gen" if kind == "gen" else "embed", port, core, log, args, nice=nice)
 
 
 def _uses_priority_policy(args: Sequence[str]) -> bool:
@@ -162,6 +244,17 @@ def _uses_priority_policy(args: Sequence[str]) -> bool:
         if a == "--scheduling-policy=priority":
             return True
     return False
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` merged into `base`, recursively for mappings (`over` wins)."""
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
 
 
 def _wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> None:
@@ -198,7 +291,8 @@ class Launcher:
         self.worker_factory = worker_factory
         self.log = log
         self.run_dir = (REPO_ROOT / spec.run_dir).resolve()
-        self._gen: tuple[tuple[str, ...], Worker] | None = None
+        # generation workers by name, in the targets file's order
+        self._gens: dict[str, tuple[tuple[str, ...], Worker]] = {}
         self._embed: tuple[tuple[str, ...], Worker] | None = None
         self._gateway: subprocess.Popen[bytes] | None = None
         self.restarted = False
@@ -226,9 +320,10 @@ class Launcher:
         log = self.run_dir / f"vllm-{kind}-{place.port}.log"
         self.log(
             f"bench: starting {kind} worker on port {place.port} core {place.core} "
+            f"nice {place.nice} "
             f"({' '.join(args) or 'default flags'}), log {log}"
         )
-        worker = self.worker_factory(kind, place.port, place.core, log, args)
+        worker = self.worker_factory(kind, place.port, place.core, log, args, nice=place.nice)
         worker.start()
         self.restarted = True
         return key, worker
@@ -250,59 +345,81 @@ class Launcher:
                 gateway_metrics=target.gateway_metrics,
             )
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._gen = self._ensure(self._gen, "gen", self.spec.gen_worker, target.worker_args)
+        for place in self.spec.generation_workers():
+            name = str(place.name)
+            self._gens[name] = self._ensure(
+                self._gens.get(name), "gen", place, target.args_for(name)
+            )
         if self.need_embed:
             self._embed = self._ensure(
                 self._embed, "embed", self.spec.embed_worker, target.embed_worker_args
             )
-        started = [slot[1] for slot in (self._gen, self._embed) if slot is not None]
+        started = [slot[1] for slot in (*self._gens.values(), self._embed) if slot is not None]
         if self.restarted:
             t = time.monotonic()
             for w in started:
                 w.wait_ready(timeout=self.spec.start_timeout_s)
             self.log(f"bench: workers ready after {time.monotonic() - t:.0f} s")
-        gen_url = self._gen[1].url
+        gen_urls = {name: slot[1].url for name, slot in self._gens.items()}
+        first, *rest = gen_urls.values()
         embed_url = self._embed[1].url if self._embed is not None else None
         if target.kind == "vllm":
             return Endpoints(
                 name=target.name,
-                base_url=gen_url,
+                base_url=first,
+                # several workers: vLLM alone behind a round-robin split
+                base_urls=tuple(gen_urls.values()) if rest else (),
                 embed_url=embed_url,
                 headers=target.headers,
                 send_priority=target.send_priority,
-                worker_metrics=gen_url + "/metrics",
+                worker_metrics=first + "/metrics",
+                more_worker_metrics=tuple(u + "/metrics" for u in rest),
                 embed_metrics=embed_url + "/metrics" if embed_url else None,
             )
-        url = self._start_gateway(target, gen_url, embed_url)
+        url = self._start_gateway(target, gen_urls, embed_url)
         return Endpoints(
             name=target.name,
             base_url=url,
             headers=target.headers,
             send_priority=target.send_priority,
-            worker_metrics=gen_url + "/metrics",
+            worker_metrics=first + "/metrics",
+            more_worker_metrics=tuple(u + "/metrics" for u in rest),
             embed_metrics=embed_url + "/metrics" if embed_url else None,
             gateway_metrics=url + "/metrics",
         )
 
     def gateway_settings(
-        self, target: TargetSpec, gen_url: str, embed_url: str | None
+        self, target: TargetSpec, gen_urls: str | dict[str, str], embed_url: str | None
     ) -> dict[str, Any]:
-        """The target's settings with `listen` and `workers` pointing at what was started."""
+        """The target's settings with `listen` and `workers` pointing at what was started:
+        `gen_urls` maps each generation worker's name to its URL (a single URL: gen0). The
+        settings' `worker_limits` apply to every generation worker, under the target's own
+        per-worker `limits`."""
+        if isinstance(gen_urls, str):
+            gen_urls = {"gen0": gen_urls}
+        base: dict[str, Any] = {}
         if target.config:
             base = yaml.safe_load((REPO_ROOT / target.config).read_text()) or {}
-        else:
-            base = dict(target.settings or {})
+        base = _merge(base, dict(target.settings or {}))
         gen_limits = base.pop("worker_limits", None) or {}
-        workers: list[dict[str, Any]] = [
-            {
-                "name": "gen0",
-                "url": gen_url,
-                "models": ["tiny-llama"],
-                "role": "general",
-                "priority_scheduling": _uses_priority_policy(target.worker_args),
-                "limits": gen_limits,
+        workers: list[dict[str, Any]] = []
+        for name, gen_url in gen_urls.items():
+            own = target.workers.get(name, TargetWorker())
+            limits = {
+                k: copy.deepcopy(v)
+                for k, v in {**gen_limits, **(own.limits or {})}.items()
+                if v is not None
             }
-        ]
+            workers.append(
+                {
+                    "name": name,
+                    "url": gen_url,
+                    "models": ["tiny-llama"],
+                    "role": own.role,
+                    "priority_scheduling": _uses_priority_policy(target.args_for(name)),
+                    "limits": limits,
+                }
+            )
         if embed_url:
             workers.append(
                 {"name": "emb0", "url": embed_url, "models": ["minilm"], "role": "embeddings"}
@@ -313,9 +430,11 @@ class Launcher:
             "workers": workers,
         }
 
-    def _start_gateway(self, target: TargetSpec, gen_url: str, embed_url: str | None) -> str:
+    def _start_gateway(
+        self, target: TargetSpec, gen_urls: dict[str, str], embed_url: str | None
+    ) -> str:
         cfg = self.run_dir / f"gateway-{target.name}.yaml"
-        cfg.write_text(yaml.safe_dump(self.gateway_settings(target, gen_url, embed_url)))
+        cfg.write_text(yaml.safe_dump(self.gateway_settings(target, gen_urls, embed_url)))
         cmd = [
             part.replace("{config}", str(cfg))
             for part in (
@@ -327,6 +446,7 @@ class Launcher:
         env = {k: v for k, v in os.environ.items() if not k.startswith("HEARTHGATE_")}
         env.update(self.env)
         self.log(f"bench: starting gateway: {' '.join(cmd)} (log {log_path})")
+        core = self.spec.gateway_core
         with log_path.open("ab") as log:
             self._gateway = subprocess.Popen(
                 cmd,
@@ -335,6 +455,7 @@ class Launcher:
                 stdin=subprocess.DEVNULL,
                 env=env,
                 cwd=str(REPO_ROOT),
+                preexec_fn=None if core is None else lambda: os.sched_setaffinity(0, {core}),
             )
         url = f"http://127.0.0.1:{self.spec.gateway_port}"
         try:
@@ -357,7 +478,8 @@ class Launcher:
 
     def close(self) -> None:
         self._stop_gateway()
-        for slot in (self._gen, self._embed):
+        for slot in (*self._gens.values(), self._embed):
             if slot is not None:
                 slot[1].stop()
-        self._gen = self._embed = None
+        self._gens = {}
+        self._embed = None

@@ -243,7 +243,9 @@ def test_launcher_reuses_workers_and_restarts_on_new_flags() -> None:
     tf = load_targets("local")
     events: list[str] = []
 
-    def factory(kind: str, port: int, core: int | str, log: Path, args: Sequence[str]) -> Any:
+    def factory(
+        kind: str, port: int, core: int | str, log: Path, args: Sequence[str], nice: int = 0
+    ) -> Any:
         return FakeWorker(events, kind, port, args)
 
     vllm_only = tf.model_copy(update={"targets": [t for t in tf.targets if t.kind == "vllm"]})

@@ -51,7 +51,7 @@ def _with(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
 _DELETE = object()
 
 
-@pytest.mark.parametrize("name", ["home-mix", "noisy-neighbour", "rag-burst"])
+@pytest.mark.parametrize("name", ["home-mix", "noisy-neighbour", "rag-burst", "embed-backlog"])
 def test_shipped_scenarios_validate(name: str) -> None:
     sc = load_scenario(name)
     assert sc.name == name
@@ -61,7 +61,7 @@ def test_shipped_scenarios_validate(name: str) -> None:
 
 def test_every_shipped_file_is_listed() -> None:
     names = {p.stem for p in SHIPPED_DIR.glob("*.yaml")}
-    assert {"home-mix", "noisy-neighbour", "rag-burst"} <= names
+    assert {"home-mix", "noisy-neighbour", "rag-burst", "embed-backlog"} <= names
 
 
 def test_shorthand_and_defaults() -> None:
