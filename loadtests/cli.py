@@ -52,21 +52,29 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--no-raw", action="store_true", help="do not write raw JSONL records")
     p.add_argument("--without", help="leave these classes' flows out (comma-separated)")
+    p.add_argument("--without-apps", help="leave these apps' flows out (comma-separated)")
 
 
 def _scenario(args: argparse.Namespace) -> Scenario:
     sc = load_scenario(args.scenario)
     without = getattr(args, "without", None)
-    overrides = (args.duration, args.warmup, args.rate_scale, args.seed, without)
+    without_apps = getattr(args, "without_apps", None)
+    overrides = (args.duration, args.warmup, args.rate_scale, args.seed, without, without_apps)
     if any(x is not None for x in overrides):
         sc = sc.with_overrides(
             duration_s=args.duration,
             warmup_s=args.warmup,
             rate_scale=args.rate_scale,
             seed=args.seed,
-            without={c.strip() for c in without.split(",") if c.strip()} if without else None,
+            without=_names(without),
+            without_apps=_names(without_apps),
         )
     return sc
+
+
+def _names(csv: str | None) -> set[str] | None:
+    """A comma-separated option as a set of names (None when not given)."""
+    return {c.strip() for c in csv.split(",") if c.strip()} if csv else None
 
 
 def _headers(items: Sequence[str]) -> dict[str, str]:

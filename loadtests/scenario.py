@@ -249,9 +249,11 @@ class Scenario(_Model):
         seed: int | None = None,
         classes: set[str] | None = None,
         without: set[str] | None = None,
+        without_apps: set[str] | None = None,
     ) -> Scenario:
         """A copy with rates multiplied (for the flows of `classes`, or all), the run length
-        or seed replaced, and the classes in `without` left out. Flow time bounds are kept;
+        or seed replaced, and the classes in `without` and the apps in `without_apps` left
+        out (a solo run of the others). Flow time bounds are kept;
         ones past the new duration drop."""
         data = self.model_dump(by_alias=True)
         if without:
@@ -260,6 +262,12 @@ class Scenario(_Model):
                 raise ScenarioError(f"no such class to leave out: {', '.join(unknown)}")
             data["flows"] = [f for f in data["flows"] if f["class"] not in without]
             data["classes"] = {k: v for k, v in data["classes"].items() if k not in without}
+        if without_apps:
+            unknown = sorted(without_apps - set(data["apps"]))
+            if unknown:
+                raise ScenarioError(f"no such app to leave out: {', '.join(unknown)}")
+            data["flows"] = [f for f in data["flows"] if f["app"] not in without_apps]
+            data["apps"] = {k: v for k, v in data["apps"].items() if k not in without_apps}
         if duration_s is not None:
             data["duration_s"] = duration_s
             if warmup_s is None and self.warmup_s >= duration_s:

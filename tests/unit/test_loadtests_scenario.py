@@ -161,3 +161,16 @@ def test_overrides_scale_rates_and_drop_late_flows() -> None:
     assert shorter.warmup_s == 2
     with pytest.raises(ScenarioError, match="rate scale"):
         sc.with_overrides(rate_scale=-1)
+
+
+def test_overrides_leave_classes_or_apps_out() -> None:
+    sc = load_scenario("home-mix")
+    no_embed = sc.with_overrides(without={"embed"})
+    assert "embed" not in no_embed.classes
+    assert {f.klass for f in no_embed.flows} == {"voice", "chat", "rag", "batch"}
+    solo = load_scenario("noisy-neighbour").with_overrides(without_apps={"scraper"})
+    assert [f.app for f in solo.flows] == ["chatui"] and set(solo.apps) == {"chatui"}
+    with pytest.raises(ScenarioError, match="no such class"):
+        sc.with_overrides(without={"nope"})
+    with pytest.raises(ScenarioError, match="no such app"):
+        sc.with_overrides(without_apps={"nope"})
