@@ -256,18 +256,17 @@ class Scenario(_Model):
         out (a solo run of the others). Flow time bounds are kept;
         ones past the new duration drop."""
         data = self.model_dump(by_alias=True)
-        if without:
-            unknown = sorted(without - set(data["classes"]))
+        for key, field, what, names in (
+            ("classes", "class", "class", without),
+            ("apps", "app", "app", without_apps),
+        ):
+            if not names:
+                continue
+            unknown = sorted(names - set(data[key]))
             if unknown:
-                raise ScenarioError(f"no such class to leave out: {', '.join(unknown)}")
-            data["flows"] = [f for f in data["flows"] if f["class"] not in without]
-            data["classes"] = {k: v for k, v in data["classes"].items() if k not in without}
-        if without_apps:
-            unknown = sorted(without_apps - set(data["apps"]))
-            if unknown:
-                raise ScenarioError(f"no such app to leave out: {', '.join(unknown)}")
-            data["flows"] = [f for f in data["flows"] if f["app"] not in without_apps]
-            data["apps"] = {k: v for k, v in data["apps"].items() if k not in without_apps}
+                raise ScenarioError(f"no such {what} to leave out: {', '.join(unknown)}")
+            data["flows"] = [f for f in data["flows"] if f[field] not in names]
+            data[key] = {k: v for k, v in data[key].items() if k not in names}
         if duration_s is not None:
             data["duration_s"] = duration_s
             if warmup_s is None and self.warmup_s >= duration_s:
