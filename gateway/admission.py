@@ -18,10 +18,11 @@ import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway.errors import GatewayError, NoWorkerAvailable, RateLimited
+from policies.pacing import DecodePacer, PacingRule
 from policies.scheduler import Scheduler
 from policies.types import QueuedRequest, WorkerSnapshot
 
@@ -65,6 +66,7 @@ class Ticket:
     _finished: bool = field(default=False)
     _first_token_seen: bool = field(default=False)
     _prefill_released: bool = field(default=False)
+    _last_token: tuple[float, int] | None = field(default=None)  # (time, tokens so far)
 
     def first_token(self, observed: bool = True) -> None:
         """The first token arrived (``observed``) or the prefill is estimated to be over:
@@ -94,7 +96,14 @@ class Ticket:
             self._controller.release_prefill_later(self, fraction)
 
     def progress(self, output_tokens_so_far: int) -> None:
-        self._controller.scheduler.on_progress(self.request.id, output_tokens_so_far, self._now())
+        """Tokens streamed so far; the gaps between them feed the worker's decode pacing."""
+        c = self._controller
+        now = self._now()
+        last = self._last_token
+        if last is not None and output_tokens_so_far > last[1]:
+            c.observe_gap(self.worker, now - last[0], output_tokens_so_far - last[1])
+        self._last_token = (now, output_tokens_so_far)
+        c.scheduler.on_progress(self.request.id, output_tokens_so_far, now)
 
     def finish(self, prompt_tokens: int | None, output_tokens: int | None) -> None:
         """Release the slot and budgets (idempotent); correct the charge to actual counts."""
@@ -143,6 +152,7 @@ class AdmissionController:
         on_admit: Callable[[QueuedRequest, float], None] | None = None,
         on_reject: Callable[[QueuedRequest, str], None] | None = None,
         early_release: float | None = None,
+        pacing: PacingRule | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.clock = clock
@@ -158,6 +168,8 @@ class AdmissionController:
         self.early_release = early_release
         self._releases: list[tuple[float, int, Ticket]] = []  # heap of estimated prefill ends
         self._seq = itertools.count()
+        self.pacing = pacing
+        self._pacers: dict[str, DecodePacer] = {}
 
     # -------------------------------------------------------------------- waiting
 
@@ -230,13 +242,46 @@ class AdmissionController:
         self._waiters.pop(req_id, None)
         self._requests.pop(req_id, None)
 
+    # -------------------------------------------------------------------- pacing
+
+    def observe_gap(self, worker: str, seconds: float, tokens: int) -> None:
+        """``tokens`` tokens of a stream on ``worker`` came ``seconds`` after its last one."""
+        if self.pacing is None:
+            return
+        pacer = self._pacers.get(worker)
+        if pacer is None:
+            pacer = self._pacers[worker] = DecodePacer(self.pacing, self.clock())
+        pacer.observe(seconds, tokens)
+
+    def pacing_state(self) -> dict[str, tuple[int, float | None]]:
+        """Per paced worker: its background cap and the last interval's mean token gap."""
+        return {name: (p.cap, p.last_gap_s) for name, p in sorted(self._pacers.items())}
+
+    def _pace(self, now: float) -> None:
+        if not self._pacers:
+            return
+        usage = self.scheduler.worker_usage()
+        for name, pacer in self._pacers.items():
+            u = usage.get(name)
+            pacer.update(now, 0 if u is None else u.in_flight - u.interactive_in_flight)
+
+    def snapshots(self) -> list[WorkerSnapshot]:
+        """The pool's worker snapshots with each paced worker's background cap."""
+        snaps = list(self._snapshots())
+        if not self._pacers:
+            return snaps
+        return [
+            replace(s, background_cap=self._pacers[s.name].cap) if s.name in self._pacers else s
+            for s in snaps
+        ]
+
     # -------------------------------------------------------------------- pumping
 
     def pump(self) -> None:
         """Admit whatever fits now and wake those waiters."""
         if not self._waiters:
             return
-        for adm in self.scheduler.admit(self.clock(), self._snapshots()):
+        for adm in self.scheduler.admit(self.clock(), self.snapshots()):
             fut = self._waiters.get(adm.request.id)
             if fut is not None and not fut.done():
                 fut.set_result(adm.worker)
@@ -260,6 +305,7 @@ class AdmissionController:
         """Release estimated prefills, expire queued requests past their class's queue
         timeout, fail those that no healthy worker can serve, admit what fits."""
         now = self.clock()
+        self._pace(now)
         while self._releases and self._releases[0][0] <= now:
             heapq.heappop(self._releases)[2].first_token(observed=False)
         for req in self.scheduler.expire(now):

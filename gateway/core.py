@@ -35,7 +35,7 @@ from gateway.errors import (
 from gateway.metrics import GatewayMetrics, SchedulerCollector, WorkerCollector, percentile
 from gateway.parse import ParsedRequest, parse_body, read_body
 from gateway.proxy import Proxy, Result, WorkerUnreachable
-from gateway.scheduling import build_scheduler
+from gateway.scheduling import build_scheduler, pacing_rule
 from gateway.settings import Settings
 from gateway.workers import WorkerPool
 from policies.types import QueuedRequest
@@ -65,7 +65,6 @@ class Gateway:
         self.metrics.registry.register(WorkerCollector(self.pool.rows))
         self.classifier = Classifier(settings)
         self.scheduler = build_scheduler(settings)
-        self.metrics.registry.register(SchedulerCollector(self.scheduler))
         self.admission = AdmissionController(
             self.scheduler,
             self.pool.snapshots,
@@ -74,6 +73,10 @@ class Gateway:
             on_admit=self._on_admit,
             on_reject=self._on_reject,
             early_release=settings.scheduler.early_prefill_release,
+            pacing=pacing_rule(settings),
+        )
+        self.metrics.registry.register(
+            SchedulerCollector(self.scheduler, self.admission.pacing_state)
         )
         self.pool.on_change = self.admission.pump
         self._session: aiohttp.ClientSession | None = None
@@ -333,11 +336,19 @@ class Gateway:
             recent.setdefault(route, {})["e2e_p50_s"] = percentile(values, 50)
             recent[route]["e2e_p99_s"] = percentile(values, 99)
         usage = self.scheduler.worker_usage()
+        pacing = self.admission.pacing_state()
         workers = self.pool.status()
         for w in workers:
             u = usage.get(str(w["name"]))
             w["admitted"] = 0 if u is None else u.in_flight
             w["prefill_tokens"] = 0 if u is None else u.prefill_tokens
+            paced = pacing.get(str(w["name"]))
+            if paced is not None:
+                cap, gap = paced
+                w["pacing"] = {
+                    "background_cap": cap,
+                    "token_gap_s": None if gap is None else round(gap, 4),
+                }
         now = self.clock()
         queues = {
             cls: {

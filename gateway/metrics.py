@@ -8,7 +8,7 @@ configured worker name.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -216,8 +216,13 @@ def percentile(values: Iterable[float], q: float) -> float | None:
 class SchedulerCollector(Collector):
     """Gauges read from the scheduler at scrape time: queues, tenant counters, budgets."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        pacing: Callable[[], Mapping[str, tuple[int, float | None]]] | None = None,
+    ) -> None:
         self._scheduler = scheduler
+        self._pacing = pacing
 
     def collect(self) -> Iterator[Metric]:
         s = self._scheduler
@@ -254,6 +259,23 @@ class SchedulerCollector(Collector):
             slots.add_metric([name], u.in_flight)
             prefill.add_metric([name], u.prefill_tokens)
         yield from (depth, tokens, vtc, slots, prefill)
+        if self._pacing is None:
+            return
+        cap = GaugeMetricFamily(
+            "hearthgate_pacing_background_cap",
+            "Background sequences decode pacing allows on each worker now",
+            labels=["worker"],
+        )
+        gap = GaugeMetricFamily(
+            "hearthgate_pacing_token_gap_seconds",
+            "Mean gap between streamed tokens on each worker in pacing's last interval",
+            labels=["worker"],
+        )
+        for name, (c, g) in self._pacing().items():
+            cap.add_metric([name], c)
+            if g is not None:
+                gap.add_metric([name], g)
+        yield from (cap, gap)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gateway.settings import RequestClass, Settings, WorkerLimits
+from policies.pacing import PacingRule
 from policies.routing import RoutingPolicy, RoutingWeights
 from policies.scheduler import Scheduler
 from policies.types import ClassPolicy, TenantPolicy, WorkerBudget
@@ -57,4 +58,15 @@ def routing_policy(settings: Settings) -> RoutingPolicy:
         long_prefill_min_tokens=r.long_prefill_min_tokens,
         weights=RoutingWeights(r.weights.in_flight, r.weights.waiting, r.weights.kv),
         unknown_load=r.unknown_load,
+    )
+
+
+def pacing_rule(settings: Settings) -> PacingRule | None:
+    """Decode pacing's rule, or None when it is off."""
+    gap_ms = settings.pacing_gap_ms()
+    if gap_ms is None:
+        return None
+    p = settings.scheduler.pacing
+    return PacingRule(
+        target_gap_s=gap_ms / 1000, interval_s=p.interval_ms / 1000, max_cap=p.max_cap
     )

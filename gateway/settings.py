@@ -210,6 +210,19 @@ class Tokens(_Strict):
     default_max_tokens: int = Field(256, ge=1)  # assumed output when the client sets none
 
 
+class Pacing(_Strict):
+    """Decode pacing (policies.pacing): cap each worker's background sequences so that the
+    mean gap between tokens there (what every stream on the worker sees) stays under a
+    target, adjusted from the gaps the gateway relays."""
+
+    enabled: bool = False
+    # The gap to hold; null: target_fraction x the smallest itl_ms of the interactive classes.
+    target_gap_ms: float | None = Field(None, gt=0)
+    target_fraction: float = Field(0.4, gt=0, le=1)
+    interval_ms: float = Field(500.0, gt=0)  # how often a worker's cap moves
+    max_cap: int = Field(64, ge=1)  # the cap at start and its ceiling
+
+
 class Scheduler(_Strict):
     w_in: float = Field(1.0, ge=0)
     w_out: float = Field(2.0, ge=0)
@@ -218,6 +231,7 @@ class Scheduler(_Strict):
     # prefill time if its first token has not come yet (keeps the worker's prefill
     # pipeline full); null: only the first token releases it.
     early_prefill_release: float | None = Field(0.8, gt=0)
+    pacing: Pacing = Pacing()
 
 
 class RoutingWeights(_Strict):
@@ -296,6 +310,11 @@ class Settings(BaseSettings):
         names = [a.name for a in self.apps]
         if len(set(names)) != len(names):
             problems.append("apps: app names must be unique")
+        pacing = self.scheduler.pacing
+        if pacing.enabled and pacing.target_gap_ms is None and self.pacing_gap_ms() is None:
+            problems.append(
+                "scheduler.pacing: set target_gap_ms, or itl_ms on an interactive class"
+            )
         if problems:
             raise ValueError("; ".join(problems) + f" (classes: {', '.join(sorted(known))})")
         return self
@@ -311,6 +330,16 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # The YAML file arrives as init values; the environment overrides it.
         return (env_settings, init_settings)
+
+    def pacing_gap_ms(self) -> float | None:
+        """The token gap decode pacing holds (None: pacing is off or has no target)."""
+        p = self.scheduler.pacing
+        if not p.enabled:
+            return None
+        if p.target_gap_ms is not None:
+            return p.target_gap_ms
+        itls = [c.itl_ms for c in self.classes.values() if c.interactive and c.itl_ms]
+        return p.target_fraction * min(itls) if itls else None
 
     def models(self) -> list[str]:
         """Every model name served by some worker, in settings order, without repeats."""

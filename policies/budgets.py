@@ -20,6 +20,7 @@ class Verdict(enum.Enum):
     SATURATED = "saturated"  # scraped gauges over their limits (background classes only)
     SLOTS = "slots"  # total in-flight cap, minus the interactive reserve for background
     PREFILL = "prefill"  # prefill token budget, minus the interactive reserve for background
+    PACED = "paced"  # background sequences at the worker's decode-pacing cap
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,7 @@ class WorkerUsage:
     prefill_tokens: int
     interactive_prefill_tokens: int
     prefill_requests: int
+    interactive_in_flight: int = 0
 
 
 class WorkerLoad:
@@ -47,6 +49,7 @@ class WorkerLoad:
         self._prefill = 0
         self._prefill_interactive = 0
         self._prefill_requests = 0
+        self._interactive = 0
 
     def add(self, cls: str, interactive: bool, prompt_tokens: int) -> None:
         """A request was admitted here; it is in prefill until ``end_prefill``."""
@@ -55,6 +58,7 @@ class WorkerLoad:
         self._prefill_requests += 1
         if interactive:
             self._prefill_interactive += prompt_tokens
+            self._interactive += 1
 
     def end_prefill(self, interactive: bool, prompt_tokens: int) -> None:
         """The request's first token arrived (or it ended before one): release its tokens."""
@@ -63,8 +67,10 @@ class WorkerLoad:
         if interactive:
             self._prefill_interactive -= prompt_tokens
 
-    def remove(self, cls: str) -> None:
+    def remove(self, cls: str, interactive: bool = False) -> None:
         """The request finished: release its slot (its prefill must have ended already)."""
+        if interactive:
+            self._interactive -= 1
         left = self._by_class[cls] - 1
         if left:
             self._by_class[cls] = left
@@ -80,6 +86,7 @@ class WorkerLoad:
             prefill_tokens=self._prefill,
             interactive_prefill_tokens=self._prefill_interactive,
             prefill_requests=self._prefill_requests,
+            interactive_in_flight=self._interactive,
         )
 
 
@@ -93,10 +100,11 @@ def check(
     """Whether one more request of ``cls`` with ``prompt_tokens`` fits ``worker`` now.
 
     Background classes may not use the interactive reserve (slots or prefill tokens) and
-    wait while the worker is saturated. The prefill budget admits any request when nothing
-    is in prefill (so a request larger than the budget goes alone); interactive requests
-    may also always use the reserved prefill tokens not used by other interactive requests,
-    even while an oversized background prompt is alone in prefill.
+    wait while the worker is saturated or has as many background sequences as its
+    decode-pacing cap (``WorkerSnapshot.background_cap``). The prefill budget admits any
+    request when nothing is in prefill (so a request larger than the budget goes alone);
+    interactive requests may also always use the reserved prefill tokens not used by other
+    interactive requests, even while an oversized background prompt is alone in prefill.
     """
     if not worker.healthy:
         return Verdict.UNHEALTHY
@@ -106,6 +114,10 @@ def check(
         return Verdict.CLASS_CAP
     if not interactive and worker.saturated:
         return Verdict.SATURATED
+    bg_cap = worker.background_cap
+    background = usage.in_flight - usage.interactive_in_flight
+    if not interactive and bg_cap is not None and background >= bg_cap:
+        return Verdict.PACED
     if lim.max_in_flight is not None:
         slots = lim.max_in_flight - (0 if interactive else lim.interactive_reserved_slots)
         if usage.in_flight + 1 > slots:

@@ -269,7 +269,7 @@ class Scheduler:
         req = run.request
         if run.in_prefill:
             self._end_prefill(run)
-        self._loads[run.worker].remove(req.cls)
+        self._loads[run.worker].remove(req.cls, run.interactive)
         prompt_fix = 0 if prompt_tokens is None else prompt_tokens - req.prompt_tokens
         output_fix = 0 if output_tokens is None else output_tokens - run.output_charged
         if prompt_fix or output_fix:

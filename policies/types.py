@@ -201,9 +201,14 @@ class WorkerSnapshot:
     scraped_waiting: float | None = None
     kv_usage: float | None = None
     role: str = "general"  # general | long_prefill | embeddings (see policies.routing)
+    # Background (non-interactive) sequences allowed on the worker now (policies.pacing);
+    # None: no such cap.
+    background_cap: int | None = None
 
     def __post_init__(self) -> None:
         _require(bool(self.name), "worker name must not be empty")
+        cap = self.background_cap
+        _require(cap is None or cap >= 1, "background_cap must be >= 1")
 
     @property
     def saturated(self) -> bool:

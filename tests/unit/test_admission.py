@@ -165,3 +165,40 @@ async def test_streaming_prefill_is_released_early_or_at_the_first_token() -> No
     clock.t += 1.0
     ctl.tick()
     assert sched.worker_usage()["w0"].prefill_tokens == 0
+
+
+async def test_streamed_gaps_pace_background_admissions() -> None:
+    """Token gaps reported through tickets move the worker's background cap at the ticker,
+    and the cap then holds background requests back while interactive ones still pass."""
+    from policies.pacing import PacingRule
+
+    clock = Clock()
+    sched = Scheduler(
+        [ClassPolicy("chat", 1, interactive=True), ClassPolicy("rag", 2, interactive=False)]
+    )
+    snaps = [WorkerSnapshot("w0")]
+    rule = PacingRule(target_gap_s=0.02, interval_s=0.5, decrease=0.5, max_cap=8)
+    ctl = AdmissionController(sched, lambda: snaps, clock=clock, pacing=rule)
+    bg = [
+        await ctl.admit(QueuedRequest(f"b{i}", "rag", "app", clock(), 2, 10, 50))
+        for i in (0, 1, 2, 3)
+    ]
+    for n in range(1, 6):  # 40 ms between tokens: twice the target
+        bg[0].progress(n)
+        clock.t += 0.04
+    clock.t += 0.5
+    ctl.tick()
+    cap, gap = ctl.pacing_state()["w0"]
+    assert cap == 2  # floor(4 running x 0.5)
+    assert gap == pytest.approx(0.04)
+    assert [s.background_cap for s in ctl.snapshots()] == [2]
+    waiter = asyncio.create_task(ctl.admit(QueuedRequest("b4", "rag", "app", clock(), 2, 10, 50)))
+    await asyncio.sleep(0)
+    assert not waiter.done()  # 4 background sequences run, the cap is 2
+    chat = await ctl.admit(QueuedRequest("c0", "chat", "app", clock(), 1, 10, 5))
+    assert chat.worker == "w0"
+    for t in bg[:3]:
+        t.finish(10, 5)
+    (await asyncio.wait_for(waiter, 1.0)).finish(10, 5)
+    chat.finish(10, 5)
+    bg[3].finish(10, 5)

@@ -1,0 +1,171 @@
+"""Decode pacing: the AIMD cap on a worker's background sequences, on plain values, and the
+budget verdict it drives."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from policies import Scheduler
+from policies.budgets import Verdict, WorkerLoad, check
+from policies.pacing import DecodePacer, PacingRule
+from tests.unit.test_policies_support import CLASSES, req, worker
+
+RULE = PacingRule(target_gap_s=0.020, interval_s=0.5, decrease=0.5, max_cap=16)
+
+
+def feed(p: DecodePacer, gap_s: float, tokens: int = 10) -> None:
+    for _ in range(tokens):
+        p.observe(gap_s, 1)
+
+
+def test_starts_at_the_ceiling_and_stays_without_tokens() -> None:
+    p = DecodePacer(RULE, now=0.0)
+    assert p.cap == 16
+    assert p.update(1.0, background_in_flight=16) == 16
+    assert p.last_gap_s is None
+
+
+def test_moves_once_per_interval_on_the_mean_gap() -> None:
+    p = DecodePacer(RULE, now=0.0)
+    feed(p, 0.030)
+    assert p.update(0.4, 10) == 16  # interval not over: nothing moves, samples kept
+    feed(p, 0.008)
+    assert p.update(0.5, 10) == 16  # mean of 30 ms and 8 ms = 19 ms: not above target
+    assert p.last_gap_s == pytest.approx(0.019)
+
+
+def test_a_slow_interval_cuts_to_a_fraction_of_what_runs() -> None:
+    p = DecodePacer(RULE, now=0.0)
+    feed(p, 0.040)
+    assert p.update(0.5, background_in_flight=12) == 6  # floor(min(16, 12) * 0.5)
+
+
+def test_no_second_cut_until_the_work_in_flight_came_down() -> None:
+    p = DecodePacer(RULE, now=0.0)
+    feed(p, 0.040)
+    assert p.update(0.5, 12) == 6
+    feed(p, 0.040)
+    assert p.update(1.0, 9) == 6  # the 12 admitted before the cut are still finishing
+    feed(p, 0.040)
+    assert p.update(1.5, 6) == 3  # down to the cap and still slow: cut again
+
+
+def test_grows_by_one_only_while_fast_and_the_cap_holds_work_back() -> None:
+    p = DecodePacer(RULE, now=0.0)
+    feed(p, 0.040)
+    p.update(0.5, 8)  # cap 4
+    feed(p, 0.010)
+    assert p.update(1.0, 4) == 5
+    feed(p, 0.010)
+    assert p.update(1.5, 2) == 5  # the cap is not what limits: no growth
+    feed(p, 0.018)
+    assert p.update(2.0, 5) == 5  # under target but above headroom (0.85 x 20 ms): hold
+
+
+def test_floor_and_ceiling() -> None:
+    p = DecodePacer(RULE, now=0.0)
+    t = 0.0
+    for _ in range(20):
+        t += 0.5
+        feed(p, 1.0)
+        p.update(t, p.cap)
+    assert p.cap == RULE.min_cap
+    for _ in range(40):
+        t += 0.5
+        feed(p, 0.001)
+        p.update(t, p.cap)
+    assert p.cap == RULE.max_cap
+
+
+def test_bad_observations_are_ignored() -> None:
+    p = DecodePacer(RULE, now=0.0)
+    p.observe(float("nan"), 1)
+    p.observe(-1.0, 1)
+    p.observe(0.5, 0)
+    assert p.update(1.0, 16) == 16
+    assert p.last_gap_s is None
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"target_gap_s": 0.0},
+        {"target_gap_s": float("inf")},
+        {"target_gap_s": 0.02, "interval_s": 0.0},
+        {"target_gap_s": 0.02, "decrease": 1.0},
+        {"target_gap_s": 0.02, "headroom": 0.0},
+        {"target_gap_s": 0.02, "min_cap": 0},
+        {"target_gap_s": 0.02, "min_cap": 5, "max_cap": 4},
+    ],
+)
+def test_rule_validation(kw: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        PacingRule(**kw)  # type: ignore[arg-type]
+
+
+@given(
+    base_ms=st.floats(1.0, 10.0),
+    per_seq_ms=st.floats(0.5, 5.0),
+    target_ms=st.floats(12.0, 40.0),
+    finish=st.integers(1, 4),
+)
+def test_closed_loop_holds_the_target_without_collapsing(
+    base_ms: float, per_seq_ms: float, target_ms: float, finish: int
+) -> None:
+    """A worker whose step time grows with its background batch (base + per sequence), an
+    endless background backlog, and sequences that take ``finish`` intervals to leave: the
+    cap settles where the gap is near the target, not at the floor."""
+    rule = PacingRule(target_gap_s=target_ms / 1000, interval_s=0.5, max_cap=64)
+    p = DecodePacer(rule, now=0.0)
+    fits = max(0, int((target_ms - base_ms) / per_seq_ms))  # most sequences within target
+    running: list[int] = []  # intervals left for each running background sequence
+    gaps: list[float] = []
+    caps: list[int] = []
+    for step in range(1, 201):
+        running = [r - 1 for r in running if r > 1]
+        while len(running) < p.cap:  # admit up to the cap from the backlog
+            running.append(finish)
+        gap = (base_ms + per_seq_ms * len(running)) / 1000
+        feed(p, gap)
+        p.update(step * 0.5, len(running))
+        if step > 100:
+            gaps.append(gap)
+            caps.append(p.cap)
+    mean_gap_ms = 1000 * sum(gaps) / len(gaps)
+    assert mean_gap_ms <= target_ms * 1.15 + per_seq_ms
+    if fits >= 2:
+        assert sum(caps) / len(caps) >= fits * 0.4  # AIMD's sawtooth, not the floor
+
+
+def test_budget_verdict_counts_background_sequences_only() -> None:
+    load = WorkerLoad("w0")
+    load.add("chat", True, 10)
+    load.add("rag", False, 10)
+    load.add("rag", False, 10)
+    w = replace(worker(), background_cap=2)
+    assert check(w, load.usage(), "rag", False, 10) is Verdict.PACED
+    assert check(w, load.usage(), "chat", True, 10) is Verdict.FITS  # interactive: never paced
+    load.remove("chat", True)
+    assert load.usage().interactive_in_flight == 0
+    assert check(replace(w, background_cap=3), load.usage(), "rag", False, 10) is Verdict.FITS
+
+
+def test_scheduler_holds_background_at_the_cap_and_lets_interactive_through() -> None:
+    sched = Scheduler(CLASSES)
+    for i in range(4):
+        sched.enqueue(req(f"r{i}", "rag", arrival=i), 0.0)
+    w = [replace(worker(), background_cap=2)]
+    assert [a.request.id for a in sched.admit(0.0, w)] == ["r0", "r1"]
+    sched.enqueue(req("c0", "chat", arrival=5), 0.0)
+    assert [a.request.id for a in sched.admit(0.0, w)] == ["c0"]
+    sched.on_finish("r0", None, None, 1.0)
+    assert [a.request.id for a in sched.admit(1.0, w)] == ["r2"]
+
+
+def test_snapshot_rejects_a_zero_cap() -> None:
+    with pytest.raises(ValueError):
+        replace(worker(), background_cap=0)
