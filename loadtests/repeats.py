@@ -69,6 +69,9 @@ def merge_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "background_output_tokens_per_s": _median(
             [r["interactive"]["background_output_tokens_per_s"] for r in runs]
         ),
+        "background_output_tokens_per_s_runs": [
+            r["interactive"]["background_output_tokens_per_s"] for r in runs
+        ],
         "goodput_rps": _median([r["interactive"]["goodput_rps"] for r in runs]),
     }
     out = {

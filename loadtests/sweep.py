@@ -77,13 +77,19 @@ def sweep_summary(
             if not outs:
                 continue
             s = merge_runs([summarize(o.result, scenarios[rate]) for o in outs])
+            inter = s["interactive"]
+            bg = inter["background_output_tokens_per_s"]
             points.append(
                 {
                     "rate_scale": rate,
-                    "interactive_attainment": s["interactive"]["attainment"],
-                    "background_output_tokens_per_s": s["interactive"][
-                        "background_output_tokens_per_s"
-                    ],
+                    "interactive_attainment": inter["attainment"],
+                    "interactive_attainment_runs": inter.get(
+                        "attainment_runs", [inter["attainment"]]
+                    ),
+                    "background_output_tokens_per_s": bg,
+                    "background_output_tokens_per_s_runs": inter.get(
+                        "background_output_tokens_per_s_runs", [bg]
+                    ),
                     "goodput_rps": s["interactive"]["goodput_rps"],
                     "classes": {
                         c: {
@@ -95,6 +101,7 @@ def sweep_summary(
                                 "failed",
                                 "ttft_p50_s",
                                 "ttft_p99_s",
+                                "tpot_p50_s",
                                 "output_tokens_per_s",
                             )
                         }
@@ -116,9 +123,23 @@ def sweep_summary(
         "calibration": calibration,
         "threshold": threshold,
         "rate_scales": rates,
+        "latency_classes": [
+            c for c, cp in base.classes.items() if cp.interactive and c in _seen_classes(targets)
+        ],
         "targets": targets,
         "recommended": recommend(targets),
     }
+
+
+def _runs(values: list[Any] | None, kind: str = "") -> str:
+    """Each run's value, ``a / b / c``."""
+    if not values:
+        return "-"
+    return " / ".join(_fmt(v, kind) for v in values)
+
+
+def _seen_classes(targets: dict[str, dict[str, Any]]) -> set[str]:
+    return {c for t in targets.values() for p in t["points"] for c in p["classes"]}
 
 
 def render_sweep(summary: dict[str, Any]) -> str:
@@ -146,6 +167,28 @@ def render_sweep(summary: dict[str, Any]) -> str:
         ["target", "rate scale", "interactive attainment", "background out tok/s", "goodput"],
         rows,
     )
+    lines += ["Latency (medians over runs) and each run's values in brackets:", ""]
+    lat_rows = []
+    for name, t in summary["targets"].items():
+        for p in t["points"]:
+            row = [
+                name,
+                _fmt(p["rate_scale"]),
+                _runs(p.get("interactive_attainment_runs"), "pct"),
+                _runs(p.get("background_output_tokens_per_s_runs")),
+            ]
+            for cls in summary.get("latency_classes", []):
+                cs = p["classes"].get(cls, {})
+                tpot = cs.get("tpot_p50_s")
+                row += [
+                    _fmt(cs.get("ttft_p50_s"), "ms"),
+                    "-" if tpot is None else f"{1000 * float(tpot):.1f}",
+                ]
+            lat_rows.append(row)
+    lat_head = ["target", "rate scale", "interactive attainment (runs)", "background tok/s (runs)"]
+    for cls in summary.get("latency_classes", []):
+        lat_head += [f"{cls} TTFT p50 (ms)", f"{cls} TPOT p50 (ms)"]
+    lines += _table(lat_head, lat_rows)
     lines += _table(
         ["target", "description", "capacity (rate scale)"],
         [

@@ -207,6 +207,14 @@ def test_sweep_finds_capacity(scenario_file: Path, tmp_path: Path) -> None:
     assert [p["rate_scale"] for p in t["points"]] == [0.5, 1.0]
     assert t["capacity_rate_scale"] == 1.0
     assert summary["recommended"] == "fake"
+    point = t["points"][0]
+    assert point["interactive_attainment_runs"] == [point["interactive_attainment"]]
+    assert len(point["background_output_tokens_per_s_runs"]) == 1
+    interactive = summary["latency_classes"]
+    assert interactive and all(c in point["classes"] for c in interactive)
+    assert all("tpot_p50_s" in cs for cs in point["classes"].values())
+    md = (out / "cli-test-sweep.md").read_text()
+    assert f"{interactive[0]} TPOT p50 (ms)" in md
 
 
 def test_bad_arguments(scenario_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
