@@ -184,6 +184,9 @@ class App(_Strict):
     default_class: str | None = None
     weight: float = Field(1.0, gt=0)
     may_choose_class: bool = False
+    # The most requests this app may have admitted at once (all classes and workers); more
+    # wait in their queue while other apps' requests go ahead. null: no limit.
+    max_in_flight: int | None = Field(None, ge=1)
 
 
 class Rule(_Strict):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Iterator, Mapping
+from collections.abc import Container, Iterator, Mapping
 
 from policies.fairness.base import FairShare
 from policies.ordering.base import OrderingPolicy, SortKey
@@ -63,11 +63,12 @@ class ClassQueue:
         """The request the fair-share policy would serve next, or None when empty."""
         return next(self.candidates(), None)
 
-    def candidates(self) -> Iterator[QueuedRequest]:
+    def candidates(self, skip: Container[str] = ()) -> Iterator[QueuedRequest]:
         """Every queued request in serving preference: tenants in the fair-share policy's
-        order (as it would choose them now), each tenant's requests in ordering-policy order.
-        The queue must not change while the iterator is in use."""
-        heads = {tenant: lane[0] for tenant, lane in self._tenants.items()}
+        order (as it would choose them now), each tenant's requests in ordering-policy order;
+        tenants in ``skip`` left out. The queue must not change while the iterator is in
+        use."""
+        heads = {t: lane[0] for t, lane in self._tenants.items() if t not in skip}
         while heads:
             tenant = self._fair.choose(heads)
             del heads[tenant]

@@ -57,6 +57,9 @@ class Scheduler:
     answer progresses, and ``expire`` from one periodic ticker. A request id is known from
     its enqueue until it is cancelled, expired or finished, and never again after that.
 
+    A tenant at its ``max_in_flight`` is passed over in every class, without holding up
+    anyone else, until one of its requests finishes.
+
     Admission order: classes whose oldest request waited past ``max_wait_s`` (longest past
     first), then classes under their ``min_share``, then bands by priority. Inside a class,
     requests are offered in fair-share order (tenants), then ordering-policy order, each only
@@ -83,10 +86,13 @@ class Scheduler:
         """Raises ValueError for repeated class or tenant names, or unknown policy names.
         ``routing`` filters and orders each request's workers (``policies.routing``)."""
         weights: dict[str, float] = {}
+        self._tenant_caps: dict[str, int] = {}
         for t in tenants:
             if t.name in weights:
                 raise ValueError(f"tenant {t.name} is listed twice")
             weights[t.name] = t.weight
+            if t.max_in_flight is not None:
+                self._tenant_caps[t.name] = t.max_in_flight
         params = FairShareParams(w_in, w_out, weights, default_tenant_weight)
         self._queues: dict[str, ClassQueue] = {}
         for c in classes:
@@ -103,6 +109,7 @@ class Scheduler:
         self._queued: dict[str, str] = {}  # request id -> class, while queued
         self._running: dict[str, _Running] = {}
         self._loads: dict[str, WorkerLoad] = {}
+        self._tenant_running: dict[str, int] = {}  # in-flight count of capped tenants
         self._ledger = ShareLedger()
         self._routing = routing
 
@@ -189,12 +196,15 @@ class Scheduler:
         # workers only, so work that other workers can take still flows.
         held_all: set[str] = set()
         held_background: set[str] = set()
+        at_cap = {
+            t for t, cap in self._tenant_caps.items() if self._tenant_running.get(t, 0) >= cap
+        }
         for name in precedence(backlogs, now):
             q = self._queues[name]
             interactive = q.policy.interactive
             # Workers this class cannot use in this pass.
             closed = set(held_all) if interactive else held_all | held_background
-            for cand in q.candidates():
+            for cand in q.candidates(skip=at_cap):
                 if len(closed) >= len(names):
                     break
                 # The router picks the role tier by health (a long prompt waits for a busy
@@ -229,6 +239,8 @@ class Scheduler:
             self._ledger.close(req.cls)
         self._loads[worker].add(req.cls, interactive, req.prompt_tokens)
         self._running[req.id] = _Running(req, worker, interactive)
+        if req.tenant in self._tenant_caps:
+            self._tenant_running[req.tenant] = self._tenant_running.get(req.tenant, 0) + 1
 
     # ------------------------------------------------------------- in-flight events
 
@@ -270,6 +282,12 @@ class Scheduler:
         if run.in_prefill:
             self._end_prefill(run)
         self._loads[run.worker].remove(req.cls, run.interactive)
+        if req.tenant in self._tenant_running:
+            left = self._tenant_running[req.tenant] - 1
+            if left:
+                self._tenant_running[req.tenant] = left
+            else:
+                del self._tenant_running[req.tenant]
         prompt_fix = 0 if prompt_tokens is None else prompt_tokens - req.prompt_tokens
         output_fix = 0 if output_tokens is None else output_tokens - run.output_charged
         if prompt_fix or output_fix:

@@ -121,15 +121,20 @@ class ClassPolicy:
 
 @dataclass(frozen=True, slots=True)
 class TenantPolicy:
-    """A tenant (an app or API key) and its fair-sharing weight (> 0; 2 = twice the share)."""
+    """A tenant (an app or API key), its fair-sharing weight (> 0; 2 = twice the share) and
+    the most requests it may have in flight at once, over all classes and workers (None:
+    no limit). A tenant at its limit is passed over; the others are not held up by it."""
 
     name: str
     weight: float = 1.0
+    max_in_flight: int | None = None
 
     def __post_init__(self) -> None:
         _require(bool(self.name), "tenant name must not be empty")
         ok = _finite(self.weight) and self.weight > 0
         _require(ok, f"tenant {self.name}: weight must be > 0")
+        cap = self.max_in_flight
+        _require(cap is None or cap >= 1, f"tenant {self.name}: max_in_flight must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -171,3 +172,28 @@ def test_weighted_tenants_share_in_proportion() -> None:
         served[adm.request.tenant] += 1
         sched.on_finish(adm.request.id, None, None, 0.0)
     assert served == {"x": 200, "y": 100}
+
+
+def test_a_tenant_at_its_in_flight_cap_is_passed_over_without_holding_others() -> None:
+    sched = Scheduler([CHAT], [TenantPolicy("heavy", max_in_flight=2), TenantPolicy("light")])
+    for i in range(5):
+        sched.enqueue(req(f"h{i}", "chat", tenant="heavy", arrival=i), 0.0)
+    w = [worker(max_in_flight_per_class={"chat": 4})]
+    assert [a.request.id for a in sched.admit(0.0, w)] == ["h0", "h1"]  # its cap, not the class's
+    sched.enqueue(req("l0", "chat", tenant="light", arrival=9), 1.0)
+    sched.enqueue(req("l1", "chat", tenant="light", arrival=9.5), 1.0)
+    assert [a.request.id for a in sched.admit(1.0, w)] == ["l0", "l1"]  # not held behind h2
+    sched.on_finish("l0", None, None, 2.0)
+    assert sched.admit(2.0, w) == []  # a class slot is free, but heavy is at its cap
+    sched.on_finish("h0", None, None, 2.0)
+    assert [a.request.id for a in sched.admit(2.0, w)] == ["h2"]
+    sched.cancel("h3", 2.0)
+    for rid in ("h1", "h2", "l1"):
+        sched.on_finish(rid, None, None, 3.0)
+    assert [a.request.id for a in sched.admit(3.0, w)] == ["h4"]
+    assert sched.in_flight_count == 1
+
+
+def test_tenant_cap_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="max_in_flight"):
+        TenantPolicy("x", max_in_flight=0)
