@@ -237,7 +237,8 @@ def test_launcher_starts_two_workers_once_and_builds_gateway_settings() -> None:
         assert s["listen"] == {"host": "127.0.0.1", "port": 18220}
         assert s["log_level"] == "warning" and "worker_limits" not in s
         parsed = Settings.model_validate(s)
-        assert [w.limits.prefill_token_budget for w in parsed.workers] == [3072, 3072]
+        want = budgets["prefill_token_budget"]
+        assert [w.limits.prefill_token_budget for w in parsed.workers] == [want, want]
     assert settings["gateway-split"]["routing"] == {"long_prefill_min_tokens": 1024}
     assert (
         Settings.model_validate(settings["gateway-split"]).routing.long_prefill_min_tokens == 1024
