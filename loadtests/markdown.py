@@ -104,9 +104,29 @@ def _side_by_side(summary: dict[str, Any]) -> list[str]:
         ["target", "interactive attainment", "background output tok/s", "goodput (good req/s)"],
         inter,
     )
+    if any(t.get("flows") for t in targets.values()):
+        lines += _flows(targets)
     if any(f.get("endpoint") == "embeddings" for f in summary["scenario"].get("flows", [])):
         lines += _embeddings(targets)
     return lines
+
+
+def _flows(targets: dict[str, Any]) -> list[str]:
+    """Per flow (app) of a class several apps share: attainment and TTFT per target."""
+    names = list(targets)
+    flows = sorted({f for t in targets.values() for f in t.get("flows", {})})
+    rows = []
+    for f in flows:
+        for key, kind, label in (
+            ("attainment", "pct", "attainment"),
+            ("ttft_p50_s", "ms", "TTFT p50 (ms)"),
+            ("ttft_p99_s", "ms", "TTFT p99 (ms)"),
+            ("tpot_p50_s", "ms", "TPOT p50 (ms)"),
+            ("output_tokens_per_s", "", "output tok/s"),
+        ):
+            cells = [_fmt((targets[n].get("flows", {}).get(f) or {}).get(key), kind) for n in names]
+            rows.append([f, label, *cells])
+    return ["### Per app, in classes several apps share", "", *_table(["flow", "", *names], rows)]
 
 
 def _embeddings(targets: dict[str, Any]) -> list[str]:

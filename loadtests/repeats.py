@@ -81,6 +81,11 @@ def merge_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "interactive": interactive,
         "classes": classes,
     }
+    if median_run.get("flows"):
+        out["flows"] = {
+            f: merge_class([r["flows"][f] for r in runs if f in r.get("flows", {})])
+            for f in median_run["flows"]
+        }
     if median_run.get("embeddings"):
         out["embeddings"] = {
             k: v

@@ -314,6 +314,18 @@ def summarize(result: RunResult, scenario: Scenario) -> dict[str, Any]:
         },
         "server": server_summary(result.samples),
     }
+    # Classes that several flows (apps) share: each flow's own numbers, under the class's SLO.
+    by_flow: dict[str, list[RequestRecord]] = defaultdict(list)
+    for r in recs:
+        by_flow[r.flow].append(r)
+    shared = {c for c in classes if len({r.flow for r in by_class[c]}) > 1}
+    flows = {
+        f: class_summary(rs, scenario.classes[rs[0].klass].slo, duration_s=dur, warmup_s=warm)
+        for f, rs in sorted(by_flow.items())
+        if rs[0].klass in shared
+    }
+    if flows:
+        out["flows"] = flows
     if any(f.endpoint == "embeddings" for f in scenario.flows):
         out["embeddings"] = embeddings_summary(recs, result.samples, duration_s=dur, warmup_s=warm)
     return out

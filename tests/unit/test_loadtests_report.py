@@ -250,3 +250,38 @@ def test_crosscheck_agreement() -> None:
     assert out["median_ttft_ms"]["relative_difference"] == pytest.approx(0.05)
     assert out["agree"] is True
     assert compare(rounds, 0.01)["agree"] is False
+
+
+def test_apps_sharing_a_class_get_their_own_numbers_merged_over_runs() -> None:
+    from dataclasses import replace as _replace
+
+    from loadtests.bench import scenario_block
+    from loadtests.markdown import render
+    from loadtests.repeats import merge_runs
+    from loadtests.report import summarize
+    from loadtests.runner import RunResult
+    from loadtests.scenario import load_scenario
+    from loadtests.workload import plan
+
+    sc = load_scenario("loadtests/scenarios/noisy-neighbour.yaml")
+    light = [
+        _replace(rec(i, chunks=[10.1, 10.11]), flow="chat/chatui", app="chatui") for i in (1, 2)
+    ]
+    heavy = [
+        _replace(rec(i, chunks=[11.0, 11.01]), flow="chat/scraper", app="scraper")
+        for i in (3, 4, 5)
+    ]
+    result = RunResult("t", sc.name, light + heavy, [], "now", 60.0, 0.0)
+    s = summarize(result, sc)
+    assert set(s["flows"]) == {"chat/chatui", "chat/scraper"}
+    assert s["flows"]["chat/chatui"]["requests"] == 2
+    assert s["flows"]["chat/chatui"]["ttft_p99_s"] == pytest.approx(0.1)
+    assert s["flows"]["chat/scraper"]["attainment"] == 0.0  # 1 s to the first token
+    merged = merge_runs([s, s])
+    assert merged["flows"]["chat/chatui"]["requests"] == 4
+    md = render({"scenario": scenario_block(sc, plan(sc)), "targets": {"a": merged, "b": s}})
+    assert "### Per app, in classes several apps share" in md
+    assert "| chat/chatui | TTFT p99 (ms) | 100 | 100 |" in md
+    # One app per class: no per-flow block.
+    solo = RunResult("t", sc.name, light, [], "now", 60.0, 0.0)
+    assert "flows" not in summarize(solo, sc)
