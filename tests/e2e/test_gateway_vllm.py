@@ -162,25 +162,30 @@ def test_models_lists_the_union(gateway_url: str) -> None:
     assert {w["name"]: w["up"] for w in status["workers"]} == {"gen0": True, "emb0": True}
 
 
-def running_on(worker_url: str) -> float:
-    text = httpx.get(worker_url + "/metrics").text
-    values = re.findall(r"^vllm:num_requests_running\{[^}]*\} ([0-9.e+]+)$", text, re.M)
+def generated_tokens(worker_url: str) -> float:
+    text = httpx.get(worker_url + "/metrics", timeout=60).text
+    values = re.findall(r"^vllm:generation_tokens_total\{[^}]*\} ([0-9.e+]+)$", text, re.M)
+    assert values, "the worker exports no generation token counter"
     return sum(float(v) for v in values)
 
 
 def test_client_disconnect_aborts_on_the_worker(gateway_url: str, gen_worker_url: str) -> None:
-    body = {**COMPLETION, "max_tokens": 3000, "stream": True}
+    # A counter, not the running gauge: on a busy CPU worker /metrics can answer slower than
+    # the whole request runs, and a gauge read then misses it. If the abort did not reach
+    # vLLM, the counter would grow by the full max_tokens.
+    max_tokens = 3500
+    body = {**COMPLETION, "max_tokens": max_tokens, "stream": True}
+    before = generated_tokens(gen_worker_url)
     with httpx.stream("POST", gateway_url + "/v1/completions", json=body, timeout=60) as r:
-        lines = r.iter_lines()
-        assert next(lines).startswith("data: ")
-        # The worker's gauge may lag its first token, and may still count a request of an
-        # earlier test that is finishing.
-        deadline = time.monotonic() + 20
-        while running_on(gen_worker_url) < 1:
-            assert time.monotonic() < deadline, "the request never showed as running"
-            time.sleep(0.05)
-    deadline = time.monotonic() + 30
-    while running_on(gen_worker_url) != 0:
-        assert time.monotonic() < deadline, "vLLM still runs the abandoned request"
-        time.sleep(0.1)
+        assert next(r.iter_lines()).startswith("data: ")
+    # Wait until the worker stops producing tokens (two equal reads a second apart).
+    last, deadline = generated_tokens(gen_worker_url), time.monotonic() + 60
+    while True:
+        time.sleep(1)
+        now = generated_tokens(gen_worker_url)
+        if now == last:
+            break
+        assert time.monotonic() < deadline, "vLLM still generates for the abandoned request"
+        last = now
+    assert now - before < max_tokens / 2, f"{now - before:.0f} tokens generated after disconnect"
     assert httpx.get(gateway_url + "/status").json()["in_flight"] == 0
