@@ -99,12 +99,19 @@ def combine_workers(per_worker: list[dict[str, float]]) -> dict[str, float]:
 def gateway_values(
     text: str, prefix: str = GATEWAY_PREFIX, counters: tuple[str, ...] = GATEWAY_COUNTERS
 ) -> dict[str, float]:
-    """Every gauge named `prefix...` and the series of `counters`, keyed `name{labels}`."""
+    """Every gauge named `prefix...` and the series of `counters`, keyed `name{labels}`.
+    The `..._created` timestamps prometheus_client adds to counters and histograms (some
+    exporters type them as gauges) are left out."""
     types, samples = parse_prometheus(text)
     return {
         s.name + s.labels: s.value
         for s in samples
-        if (s.name.startswith(prefix) and types.get(s.name) == "gauge") or s.name in counters
+        if (
+            s.name.startswith(prefix)
+            and types.get(s.name) == "gauge"
+            and not s.name.endswith("_created")
+        )
+        or s.name in counters
     }
 
 

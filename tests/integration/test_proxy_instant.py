@@ -88,11 +88,14 @@ def test_wrong_method_and_route(gw: str) -> None:
 
 
 def test_metrics_count_requests_and_tokens(gw: str) -> None:
-    httpx.post(gw + "/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 5})
+    body = {"model": "m", "prompt": "x", "max_tokens": 5}
+    httpx.post(gw + "/v1/completions", json=body)
+    httpx.post(gw + "/v1/completions", json={**body, "stream": True})  # a first token: TTFT
     text = httpx.get(gw + "/metrics").text
     assert 'hearthgate_requests_total{model="m",route="/v1/completions",status="200"}' in text
     assert "hearthgate_completion_tokens_total" in text
     assert "hearthgate_ttft_seconds_bucket" in text
+    assert "_created" not in text  # no creation-time series per counter and histogram
 
 
 def test_mid_stream_failure_ends_with_error_event(gw: str) -> None:

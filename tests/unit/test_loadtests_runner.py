@@ -193,6 +193,8 @@ hearthgate_queue_depth{class="chat"} 2.0
 hearthgate_queue_depth{class="rag",note="a b}"} 5.0
 # TYPE hearthgate_requests_total counter
 hearthgate_requests_total{outcome="ok"} 10.0
+# TYPE hearthgate_admitted_created gauge
+hearthgate_admitted_created{app="chatui"} 1.7e9
 garbage line
 """
 
@@ -200,7 +202,7 @@ garbage line
 def test_prometheus_parsing() -> None:
     types, samples = parse_prometheus(METRICS)
     assert types["vllm:num_requests_running"] == "gauge"
-    assert len(samples) == 7
+    assert len(samples) == 8
     assert worker_values(METRICS) == {
         "vllm:num_requests_running": 4.0,
         "vllm:num_preemptions_total": 7.0,
