@@ -14,45 +14,18 @@ import contextlib
 import heapq
 import itertools
 import logging
-import math
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gateway.errors import GatewayError, NoWorkerAvailable, RateLimited
+from gateway.errors import ClientGone, GatewayError, NoWorkerAvailable, RateLimited
+from policies.estimators import DrainRate, PrefillRates
 from policies.pacing import DecodePacer, PacingRule
 from policies.scheduler import Scheduler
 from policies.types import QueuedRequest, WorkerSnapshot
 
 log = logging.getLogger("hearthgate.admission")
-
-
-class DrainRate:
-    """Requests of each class finished per second over a sliding window (for Retry-After)."""
-
-    def __init__(self, window_s: float = 30.0) -> None:
-        self._window = window_s
-        self._ends: dict[str, deque[float]] = {}
-
-    def record(self, cls: str, now: float) -> None:
-        self._ends.setdefault(cls, deque()).append(now)
-
-    def rate(self, cls: str, now: float) -> float:
-        ends = self._ends.get(cls)
-        if not ends:
-            return 0.0
-        while ends and ends[0] < now - self._window:
-            ends.popleft()
-        return len(ends) / self._window
-
-    def retry_after(self, cls: str, queued: int, now: float, fallback_s: int = 5) -> int:
-        """Seconds until the queue ahead should have drained: depth / rate, at least 1."""
-        r = self.rate(cls, now)
-        if r <= 0:
-            return fallback_s
-        return max(1, min(300, math.ceil(queued / r)))
 
 
 @dataclass
@@ -120,26 +93,6 @@ class Ticket:
         return self._controller.clock()
 
 
-class PrefillRates:
-    """Prompt tokens per second each worker prefills, from streamed first tokens (EWMA)."""
-
-    def __init__(self, initial: float = 4000.0, min_tokens: int = 256, alpha: float = 0.2):
-        self.initial = initial
-        self._min_tokens = min_tokens
-        self._alpha = alpha
-        self._rates: dict[str, float] = {}
-
-    def observe(self, worker: str, prompt_tokens: int, seconds: float) -> None:
-        if prompt_tokens < self._min_tokens or seconds <= 0:
-            return  # short prompts measure queueing and overhead, not prefill speed
-        sample = prompt_tokens / seconds
-        old = self._rates.get(worker)
-        self._rates[worker] = sample if old is None else old + self._alpha * (sample - old)
-
-    def seconds(self, worker: str, prompt_tokens: int) -> float:
-        return prompt_tokens / self._rates.get(worker, self.initial)
-
-
 class AdmissionController:
     """Queues requests in the scheduler and wakes each one when it is admitted."""
 
@@ -153,6 +106,9 @@ class AdmissionController:
         on_reject: Callable[[QueuedRequest, str], None] | None = None,
         early_release: float | None = None,
         pacing: PacingRule | None = None,
+        app_queue_caps: dict[str, int] | None = None,
+        max_queued_bytes: int | None = None,
+        retry_after_s: int = 2,
     ) -> None:
         self.scheduler = scheduler
         self.clock = clock
@@ -170,6 +126,14 @@ class AdmissionController:
         self._seq = itertools.count()
         self.pacing = pacing
         self._pacers: dict[str, DecodePacer] = {}
+        # Per-app caps on queued requests, and a cap on the bytes queued bodies hold.
+        self._app_caps = dict(app_queue_caps or {})
+        self._max_queued_bytes = max_queued_bytes
+        self._queued_by_app: dict[str, int] = {}
+        self._bytes: dict[str, int] = {}  # request id -> body bytes while queued
+        self.queued_bytes = 0
+        self._retry_after_s = retry_after_s
+        self._closing: GatewayError | None = None
 
     # -------------------------------------------------------------------- waiting
 
@@ -178,27 +142,44 @@ class AdmissionController:
         req: QueuedRequest,
         disconnected: Callable[[], Awaitable[object]] | None = None,
         eligible_healthy: bool = True,
+        body_bytes: int = 0,
     ) -> Ticket:
         """Queue ``req`` and wait until it is admitted.
 
-        Raises RateLimited (queue full, or queue timeout), NoWorkerAvailable, or
-        asyncio.CancelledError. ``disconnected`` makes an awaitable that completes when the
-        client goes away; if it does first, the request leaves the queue without a trace
-        and CancelledError is raised. ``eligible_healthy`` False (no healthy worker serves
-        the request) fails at once with NoWorkerAvailable.
+        Raises RateLimited (class queue full, the app's queue cap, the queued-bytes cap,
+        or the queue timeout), NoWorkerAvailable (no healthy worker serves the request, now
+        or while it waits; the gateway is shutting down) or ClientGone. ``disconnected``
+        makes an awaitable that completes when the client goes away; if it does first, the
+        request leaves the queue without a trace. ``body_bytes``: what its body holds in
+        memory while it waits.
         """
         now = self.clock()
+        if self._closing is not None:
+            self._reject(req, "shutdown")
+            raise self._closing
         if not eligible_healthy:
-            if self._on_reject is not None:
-                self._on_reject(req, "no_worker")
-            raise NoWorkerAvailable(
-                "no worker that serves this model is reachable; try again shortly",
-                retry_after_s=2,
+            self._reject(req, "no_worker")
+            raise self._no_worker()
+        cap = self._app_caps.get(req.tenant)
+        if cap is not None and self._queued_by_app.get(req.tenant, 0) >= cap:
+            self._reject(req, "app_queue_full")
+            raise RateLimited(
+                f"app {req.tenant} already has {cap} requests queued; retry later",
+                retry_after_s=self.drain.retry_after(req.cls, cap, now),
+                code="app_queue_full",
+            )
+        limit = self._max_queued_bytes
+        if limit is not None and self.queued_bytes + body_bytes > limit and self._bytes:
+            self._reject(req, "queue_bytes_full")
+            raise RateLimited(
+                f"the gateway holds {self.queued_bytes} bytes of queued requests (limit "
+                f"{limit}); retry later",
+                retry_after_s=self.drain.retry_after(req.cls, len(self._bytes), now),
+                code="queue_bytes_full",
             )
         rejection = self.scheduler.enqueue(req, now)
         if rejection is not None:
-            if self._on_reject is not None:
-                self._on_reject(req, rejection.reason)
+            self._reject(req, rejection.reason)
             raise RateLimited(
                 f"the {req.cls} queue is full ({rejection.queued} requests, "
                 f"{rejection.queued_tokens} tokens); retry later",
@@ -208,6 +189,9 @@ class AdmissionController:
         fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._waiters[req.id] = fut
         self._requests[req.id] = req
+        self._queued_by_app[req.tenant] = self._queued_by_app.get(req.tenant, 0) + 1
+        self._bytes[req.id] = body_bytes
+        self.queued_bytes += body_bytes
         self.pump()
         watcher: asyncio.Future[object] | None = None
         try:
@@ -218,7 +202,7 @@ class AdmissionController:
                     waits.add(watcher)
                 await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             if not fut.done():
-                raise asyncio.CancelledError("client disconnected while queued")
+                raise ClientGone()
             worker = fut.result()  # raises the rejection set by the ticker
         except BaseException:
             self._forget(req.id)
@@ -238,9 +222,41 @@ class AdmissionController:
             self._on_admit(req, admitted_at - req.arrival)
         return Ticket(req, worker, admitted_at, self)
 
+    def _reject(self, req: QueuedRequest, reason: str) -> None:
+        if self._on_reject is not None:
+            self._on_reject(req, reason)
+
+    def _no_worker(self) -> NoWorkerAvailable:
+        return NoWorkerAvailable(
+            "no worker that serves this model is reachable; try again shortly",
+            retry_after_s=self._retry_after_s,
+        )
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for admission."""
+        return len(self._waiters)
+
+    def close(self, error: GatewayError) -> None:
+        """The gateway is shutting down: fail every waiting request with ``error`` (and
+        every later one)."""
+        self._closing = error
+        now = self.clock()
+        for req_id in list(self._waiters):
+            req = self._requests[req_id]
+            if self.scheduler.cancel(req_id, now):
+                self._fail(req, error, "shutdown")
+
     def _forget(self, req_id: str) -> None:
         self._waiters.pop(req_id, None)
-        self._requests.pop(req_id, None)
+        req = self._requests.pop(req_id, None)
+        if req is not None:
+            left = self._queued_by_app.get(req.tenant, 1) - 1
+            if left > 0:
+                self._queued_by_app[req.tenant] = left
+            else:
+                self._queued_by_app.pop(req.tenant, None)
+        self.queued_bytes -= self._bytes.pop(req_id, 0)
 
     # -------------------------------------------------------------------- pacing
 
@@ -290,8 +306,7 @@ class AdmissionController:
 
     def _fail(self, req: QueuedRequest, exc: GatewayError, reason: str) -> None:
         fut = self._waiters.get(req.id)
-        if self._on_reject is not None:
-            self._on_reject(req, reason)
+        self._reject(req, reason)
         if fut is not None and not fut.done():
             fut.set_exception(exc)
 
@@ -320,15 +335,16 @@ class AdmissionController:
                 ),
                 "queue_timeout",
             )
-        if self._waiters and not any(s.healthy for s in self._snapshots()):
+        if self._waiters:
+            # A request none of whose workers is healthy fails now with 503, not at its
+            # queue timeout: other models' workers may be up, its own are not.
+            healthy = {s.name for s in self._snapshots() if s.healthy}
             for req_id in list(self._waiters):
                 req = self._requests[req_id]
-                if self.scheduler.cancel(req_id, now):
-                    self._fail(
-                        req,
-                        NoWorkerAvailable("no worker is reachable", retry_after_s=2),
-                        "no_worker",
-                    )
+                workers = req.workers
+                servable = bool(healthy) if workers is None else bool(workers & healthy)
+                if not servable and self.scheduler.cancel(req_id, now):
+                    self._fail(req, self._no_worker(), "no_worker")
         self.pump()
 
     async def _loop(self) -> None:

@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway.core import ROUTES, Gateway
@@ -25,6 +26,7 @@ from gateway.errors import (
     error_response,
 )
 from gateway.settings import Settings
+from gateway.upstream import UpstreamClient
 
 log = logging.getLogger("hearthgate")
 
@@ -53,8 +55,7 @@ class FastPath:
             await send(message)
 
         try:
-            response = await self.gateway.handle(Request(scope, receive), scope["path"])
-            await response(scope, receive, tracking_send)
+            await self.gateway.serve(scope, receive, tracking_send)
         except Exception:
             log.exception("unexpected error on %s", scope["path"])
             if not started:
@@ -62,15 +63,35 @@ class FastPath:
                 await error_response(err)(scope, receive, send)
 
 
-def create_asgi_app(settings: Settings, clock: Callable[[], float] = time.perf_counter) -> FastPath:
+class _ProxyRoute:
+    """A proxy route as a plain ASGI endpoint (for apps built with :func:`create_app`
+    alone; :class:`FastPath` reaches the gateway before FastAPI does)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.gateway.serve(scope, receive, send)
+
+
+def create_asgi_app(
+    settings: Settings,
+    clock: Callable[[], float] = time.perf_counter,
+    upstream: UpstreamClient | None = None,
+) -> FastPath:
     """The application ``hearthgate serve`` runs: FastAPI plus the proxy fast path."""
-    app = create_app(settings, clock)
+    app = create_app(settings, clock, upstream)
     return FastPath(app, app.state.gateway)
 
 
-def create_app(settings: Settings, clock: Callable[[], float] = time.perf_counter) -> FastAPI:
-    """Build the gateway application for ``settings``."""
-    gw = Gateway(settings, clock)
+def create_app(
+    settings: Settings,
+    clock: Callable[[], float] = time.perf_counter,
+    upstream: UpstreamClient | None = None,
+) -> FastAPI:
+    """Build the gateway application for ``settings`` (``upstream``: the client towards
+    the workers; default aiohttp)."""
+    gw = Gateway(settings, clock, upstream)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -113,18 +134,8 @@ def create_app(settings: Settings, clock: Callable[[], float] = time.perf_counte
         log.exception("unexpected error on %s", request.url.path)
         return error_response(InternalError("internal gateway error; see the gateway log"))
 
-    async def chat(request: Request) -> Response:
-        return await gw.handle(request, "/v1/chat/completions")
-
-    async def completions(request: Request) -> Response:
-        return await gw.handle(request, "/v1/completions")
-
-    async def embeddings(request: Request) -> Response:
-        return await gw.handle(request, "/v1/embeddings")
-
-    app.add_api_route("/v1/chat/completions", chat, methods=["POST"])
-    app.add_api_route("/v1/completions", completions, methods=["POST"])
-    app.add_api_route("/v1/embeddings", embeddings, methods=["POST"])
+    for path in ROUTES:
+        app.router.routes.append(Route(path, _ProxyRoute(gw), methods=["POST"]))
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
@@ -136,6 +147,14 @@ def create_app(settings: Settings, clock: Callable[[], float] = time.perf_counte
 
     @app.get("/readyz")
     async def readyz() -> Response:
+        if gw.draining:
+            return error_response(
+                NoWorkerAvailable(
+                    "the gateway is shutting down",
+                    retry_after_s=settings.health.retry_after_s,
+                    code="shutting_down",
+                )
+            )
         up = [w.name for w in gw.pool.workers if w.up]
         if not up:
             return error_response(

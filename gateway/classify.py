@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import hmac
 import logging
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from gateway.errors import BadRequest, Unauthorized
 from gateway.parse import ParsedRequest
 from gateway.settings import App, Rule, Settings
+from gateway.tokens import HeuristicCounter
 
 log = logging.getLogger("hearthgate.classify")
 
@@ -34,31 +33,6 @@ class Classification:
     cls: str
     prompt_tokens: int
     max_tokens: int
-
-
-def _text_len(value: Any) -> tuple[int, int]:
-    """(characters of text, count of explicit token ids) in a prompt-like value."""
-    if isinstance(value, str):
-        return len(value), 0
-    if isinstance(value, list):
-        if value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            return 0, len(value)
-        chars = ids = 0
-        for v in value:
-            c, i = _text_len(v)
-            chars, ids = chars + c, ids + i
-        return chars, ids
-    if isinstance(value, dict):
-        # chat content parts ({"type": "text", "text": ...}) and messages ({"content": ...})
-        c1, i1 = _text_len(value.get("text"))
-        c2, i2 = _text_len(value.get("content"))
-        return c1 + c2, i1 + i2
-    return 0, 0
-
-
-def prompt_chars(parsed: ParsedRequest) -> tuple[int, int]:
-    key = {"chat": "messages", "completions": "prompt", "embeddings": "input"}[parsed.endpoint]
-    return _text_len(parsed.body.get(key))
 
 
 def _rule_matches(rule: Rule, parsed: ParsedRequest, prompt_tokens: int, max_tokens: int) -> bool:
@@ -94,6 +68,7 @@ class Classifier:
             self._keys.append((key.encode(), app))
         self.auth_required = any(a.key_env for a in settings.apps)
         self._open_app = next((a for a in settings.apps if a.key_env is None), None)
+        self._heuristic = HeuristicCounter(settings.tokens)
 
     def authenticate(self, authorization: str | None) -> App | None:
         """The app owning the bearer key; None when no keys are configured. Raises 401."""
@@ -111,15 +86,17 @@ class Classifier:
         return found
 
     def estimate_prompt_tokens(self, parsed: ParsedRequest) -> int:
-        chars, ids = prompt_chars(parsed)
-        return ids + math.ceil(chars / self._settings.tokens.chars_per_token)
+        return self._heuristic.estimate(parsed)
 
     def max_tokens(self, parsed: ParsedRequest) -> int:
         if parsed.endpoint == "embeddings":
             return 0
-        if parsed.max_tokens is not None:
-            return parsed.max_tokens
-        return self._settings.tokens.default_max_tokens
+        per_sequence = parsed.max_tokens
+        if per_sequence is None:
+            per_sequence = self._settings.tokens.default_max_tokens
+        n = parsed.body.get("n")
+        # `n` completions decode as `n` sequences: each may produce max_tokens.
+        return per_sequence * (n if isinstance(n, int) and n > 1 else 1)
 
     def classify(
         self,
@@ -133,10 +110,11 @@ class Classifier:
         app_name = app.name if app is not None else ANONYMOUS
         cls: str | None = None
         if class_header and app is not None and app.may_choose_class:
-            if class_header not in s.classes:
+            allowed = s.choosable_classes(app)
+            if class_header not in allowed:
                 raise BadRequest(
-                    f"unknown class {class_header!r} in X-Hearthgate-Class; "
-                    f"known: {', '.join(sorted(s.classes))}"
+                    f"app {app.name} may not choose class {class_header!r} in "
+                    f"X-Hearthgate-Class; it may choose: {', '.join(allowed) or 'none'}"
                 )
             cls = class_header
         if cls is None:

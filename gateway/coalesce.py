@@ -43,14 +43,14 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Protocol
 
-import aiohttp
 from starlette.responses import Response
 
 from gateway.errors import BadRequest, GatewayError, UpstreamFailed
 from gateway.metrics import GatewayMetrics
 from gateway.parse import ParsedRequest
-from gateway.proxy import Proxy, Result, TicketHooks, WorkerUnreachable
+from gateway.proxy import Result, read_usage, upstream_body
 from gateway.settings import RequestClass, Settings
+from gateway.upstream import UpstreamClient, WorkerUnreachable
 from gateway.workers import WorkerState
 from policies.windows import ArrivalGaps, BatchView, Load, WindowPolicy, decide
 
@@ -202,6 +202,14 @@ Upstream = Callable[[WorkerState, bytes], Awaitable[Answer]]
 delivered (nothing was computed), UpstreamFailed when the worker broke off or timed out."""
 
 
+class TicketHooks(Protocol):
+    """What the coalescer reports about a caller's admission (gateway.admission.Ticket)."""
+
+    def expect_no_stream(self) -> None: ...
+
+    def finish(self, prompt_tokens: int | None, output_tokens: int | None) -> None: ...
+
+
 class Activity(Protocol):
     """What the window reacts to for one worker: requests admitted to it and not finished
     (callers waiting in a batch included), and whether interactive work is active."""
@@ -210,8 +218,6 @@ class Activity(Protocol):
 
 
 class PoolHooks(Protocol):
-    def acquire(self, worker: WorkerState) -> None: ...
-
     def release(self, worker: WorkerState) -> None: ...
 
     def mark_down(self, worker: WorkerState, reason: str) -> None: ...
@@ -309,14 +315,14 @@ class Coalescer:
         priority: int | None = None,
     ) -> Response:
         """Answer one admitted caller (of class ``cls``, with a prompt estimate of
-        ``prompt_tokens``) through a batch. Its ticket is finished exactly once (by the
-        batch, or here if the caller leaves before the batch is sent). Raises
+        ``prompt_tokens``) through a batch. The caller's admission (``ticket`` and one
+        in-flight count on ``worker``, handed over by its lease) is given back exactly once:
+        by the batch, or here if the caller leaves before the batch is sent. Raises
         WorkerUnreachable (nothing was computed; the caller may retry elsewhere) or a
         GatewayError. ``priority`` is sent to workers that schedule by priority."""
         now = self._clock()
         fut: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         part = _Part(p, worker, ticket, cls, received_at, now, prompt_tokens, fut, priority)
-        self._pool.acquire(worker)
         self._join(part)
         watcher: asyncio.Future[object] | None = None
         try:
@@ -325,7 +331,7 @@ class Coalescer:
                 watcher = asyncio.ensure_future(disconnected())
                 waits.add(watcher)
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
+        except BaseException:
             self._leave(part)
             raise
         finally:
@@ -339,9 +345,7 @@ class Coalescer:
         if answer.status == 200:
             result.completed = True
             result.e2e_s = self._clock() - received_at
-            with contextlib.suppress(ValueError, AttributeError, TypeError):
-                usage = json.loads(answer.content).get("usage") or {}
-                result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+            result.prompt_tokens = read_usage(answer.content)[0]
         done(result)
         return Response(
             content=answer.content,
@@ -505,7 +509,7 @@ class Coalescer:
         merged: list[Item] = [i for p in parts for i in p.plan.items]
         body = {**first.body, "input": merged if len(parts) > 1 else first.body["input"]}
         parsed = ParsedRequest(first.endpoint, body, first.model, False, False, first.max_tokens)
-        return Proxy.upstream_body(parsed, worker, parts[0].priority)
+        return upstream_body(parsed, worker, parts[0].priority)
 
     async def stop(self) -> None:
         for t in list(self._tasks):
@@ -515,32 +519,20 @@ class Coalescer:
                 await t
 
 
-def aiohttp_upstream(session: aiohttp.ClientSession, settings: Settings) -> Upstream:
-    """The real upstream: POST ``/v1/embeddings`` on the worker with the gateway's timeouts."""
-    timeout = aiohttp.ClientTimeout(
-        total=None,
-        sock_connect=settings.upstream.connect_timeout_s,
-        sock_read=settings.upstream.read_timeout_s,
-    )
+def client_upstream(client: UpstreamClient, settings: Settings) -> Upstream:
+    """The real upstream: POST ``/v1/embeddings`` on the worker through the gateway's
+    client (its error mapping and timeouts)."""
 
     async def post(worker: WorkerState, body: bytes) -> Answer:
+        resp = await client.post(
+            worker.name,
+            worker.spec.url + "/v1/embeddings",
+            body,
+            settings.upstream.read_timeout_s,
+        )
         try:
-            async with session.post(
-                worker.spec.url + "/v1/embeddings",
-                data=body,
-                headers={"Content-Type": "application/json"},
-                timeout=timeout,
-            ) as resp:
-                content = await resp.read()
-                ctype = resp.headers.get("Content-Type", "application/json")
-                return Answer(resp.status, content, ctype)
-        except (aiohttp.ClientConnectorError, ConnectionRefusedError):
-            raise WorkerUnreachable(worker.name, refused=True) from None
-        except (aiohttp.ServerDisconnectedError, ConnectionResetError):
-            raise WorkerUnreachable(worker.name, refused=False) from None
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise UpstreamFailed(
-                f"worker {worker.name} failed while answering: {type(exc).__name__}"
-            ) from None
+            return Answer(resp.status, await resp.read(), resp.content_type)
+        finally:
+            resp.close()
 
     return post

@@ -1,5 +1,9 @@
-"""One running gateway: the parts shared between requests, and the request path from
-parsed body to admitted, forwarded request (classify, admit, forward, account)."""
+"""One running gateway: the parts shared between requests, and the request path from raw
+ASGI request to answer (read, classify, lease, admit, forward, fail over, account).
+
+Every request that gets past classification runs inside one :class:`gateway.lease.Lease`,
+the response included, so whatever ends it gives back all it held exactly once.
+"""
 
 from __future__ import annotations
 
@@ -12,32 +16,31 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import aiohttp
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from gateway.admission import AdmissionController
-from gateway.classify import (
-    ANONYMOUS,
-    CLASS_HEADER,
-    Classification,
-    Classifier,
-    prompt_chars,
-)
-from gateway.coalesce import Coalescer, aiohttp_upstream, mergeable, window_policy
+from gateway.classify import ANONYMOUS, CLASS_HEADER, Classification, Classifier
+from gateway.coalesce import Coalescer, client_upstream, mergeable, window_policy
 from gateway.errors import (
+    ClientGone,
     GatewayError,
-    InternalError,
     ModelNotFound,
     NoWorkerAvailable,
     error_response,
 )
-from gateway.metrics import GatewayMetrics, SchedulerCollector, WorkerCollector, percentile
+from gateway.lease import FirstByteTimeout, Lease, LeaseBook, WorkerLost
+from gateway.metrics import GatewayMetrics, SchedulerCollector, WorkerCollector
 from gateway.parse import ParsedRequest, parse_body, read_body
-from gateway.proxy import Proxy, Result, WorkerUnreachable
+from gateway.proxy import Proxy, Result
 from gateway.scheduling import build_scheduler, pacing_rule
 from gateway.settings import Settings
-from gateway.workers import WorkerPool
+from gateway.status import render_status
+from gateway.tokens import token_counter
+from gateway.upstream import AiohttpUpstream, UpstreamClient, WorkerUnreachable
+from gateway.workers import WorkerPool, WorkerState
+from policies.failover import Failure, Retry, next_step
 from policies.types import QueuedRequest
 
 log = logging.getLogger("hearthgate")
@@ -50,9 +53,18 @@ ROUTES = {
 
 
 class Gateway:
-    """The parts one running gateway shares between requests."""
+    """The parts one running gateway shares between requests.
 
-    def __init__(self, settings: Settings, clock: Callable[[], float] = time.perf_counter):
+    ``upstream``: the HTTP client towards the workers (default: aiohttp); tests hand in one
+    that fails in whatever way they need.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        clock: Callable[[], float] = time.perf_counter,
+        upstream: UpstreamClient | None = None,
+    ):
         self.settings = settings
         self.clock = clock
         self.metrics = GatewayMetrics(
@@ -61,9 +73,15 @@ class Gateway:
             classes=settings.classes,
             apps=[a.name for a in settings.apps] + [ANONYMOUS],
         )
+        self.client: UpstreamClient = upstream or AiohttpUpstream(
+            settings.upstream.max_connections,
+            settings.upstream.keepalive_s,
+            settings.upstream.connect_timeout_s,
+        )
         self.pool = WorkerPool(settings.workers, settings.health, self.metrics)
         self.metrics.registry.register(WorkerCollector(self.pool.rows))
         self.classifier = Classifier(settings)
+        self.tokens = token_counter(settings.tokens, self.pool, self.client)
         self.scheduler = build_scheduler(settings)
         self.admission = AdmissionController(
             self.scheduler,
@@ -74,57 +92,91 @@ class Gateway:
             on_reject=self._on_reject,
             early_release=settings.scheduler.early_prefill_release,
             pacing=pacing_rule(settings),
+            app_queue_caps={a.name: a.max_queued for a in settings.apps if a.max_queued},
+            max_queued_bytes=settings.limits.max_queued_bytes,
+            retry_after_s=settings.health.retry_after_s,
         )
         self.metrics.registry.register(
             SchedulerCollector(self.scheduler, self.admission.pacing_state)
         )
+        self.leases = LeaseBook()
         self.pool.on_change = self.admission.pump
-        self._session: aiohttp.ClientSession | None = None
-        self._proxy: Proxy | None = None
-        self._coalescer: Coalescer | None = None  # embeddings batching (gateway/coalesce.py)
-        self._ids = itertools.count()
-        self._lag_task: asyncio.Task[None] | None = None
-        self.started_at = time.time()
-
-    @property
-    def proxy(self) -> Proxy:
-        if self._proxy is None:
-            raise InternalError("gateway is not started")
-        return self._proxy
-
-    async def start(self) -> None:
-        connector = aiohttp.TCPConnector(
-            limit=self.settings.upstream.max_connections,
-            keepalive_timeout=self.settings.upstream.keepalive_s,
-        )
-        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
-        self._proxy = Proxy(self._session, self.pool, self.settings, self.clock)
-        self._coalescer = Coalescer(
-            aiohttp_upstream(self._session, self.settings),
+        self.pool.on_down = self._worker_down
+        self.proxy = Proxy(self.client, self.pool, settings, clock)
+        self.coalescer = Coalescer(  # embeddings batching (gateway/coalesce.py)
+            client_upstream(self.client, settings),
             self.pool,
-            {name: window_policy(c) for name, c in self.settings.classes.items()},
+            {name: window_policy(c) for name, c in settings.classes.items()},
             self._embed_activity,
             self.metrics,
-            self.clock,
+            clock,
         )
-        await self.pool.check_all(self._session)
-        self.pool.start(self._session)
+        self.draining = False
+        self._ids = itertools.count()
+        self._lag_task: asyncio.Task[None] | None = None
+        self._drain_timer: asyncio.TimerHandle | None = None
+        self.started_at = time.time()
+
+    # ------------------------------------------------------------ life cycle
+
+    async def start(self) -> None:
+        await self.pool.check_all(self.client)
+        self.pool.start(self.client)
         self.admission.start()
         self._lag_task = asyncio.create_task(self._watch_loop_lag(), name="loop-lag")
 
     async def stop(self) -> None:
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
         if self._lag_task is not None:
             self._lag_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._lag_task
             self._lag_task = None
+        self.begin_drain(drain_s=0.0)
         await self.admission.stop()
-        if self._coalescer is not None:
-            await self._coalescer.stop()
+        await self.coalescer.stop()
         await self.pool.stop()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self.client.close()
+
+    def begin_drain(self, drain_s: float | None = None) -> None:
+        """Shut down gracefully: ``/readyz`` turns 503; new and queued requests get 503 with
+        ``Retry-After``; requests in flight may finish for ``drain_s`` (default
+        ``shutdown.drain_s``), then the rest are cut (a stream ends with an error event and
+        ``[DONE]``)."""
+        wait = self.settings.shutdown.drain_s if drain_s is None else drain_s
+        if not self.draining:
+            self.draining = True
+            log.info("shutting down: %d requests open, draining for %.0f s", len(self.leases), wait)
+            self.admission.close(self._shutting_down())
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
+            self._drain_timer = None
+        if wait <= 0:
+            self._cut_all()
+        else:
+            self._drain_timer = asyncio.get_running_loop().call_later(wait, self._cut_all)
+
+    def _cut_all(self) -> None:
+        n = self.leases.cut_all(self._shutting_down())
+        if n:
+            log.info("shutdown: cut %d requests still open", n)
+
+    def _shutting_down(self) -> NoWorkerAvailable:
+        return NoWorkerAvailable(
+            "the gateway is shutting down; retry shortly",
+            retry_after_s=self.settings.health.retry_after_s,
+            code="shutting_down",
+        )
+
+    def _worker_down(self, worker: WorkerState, reason: str) -> None:
+        err = NoWorkerAvailable(
+            f"worker {worker.name} went down ({reason})",
+            retry_after_s=self.settings.health.retry_after_s,
+        )
+        n = self.leases.cut_worker(worker.name, err)
+        if n:
+            log.warning("worker %s down: cut %d requests on it", worker.name, n)
 
     async def _watch_loop_lag(self, interval_s: float = 0.1) -> None:
         """Observe how late a 100 ms timer fires: the event loop's own delay, which every
@@ -141,82 +193,70 @@ class Gateway:
     def _on_reject(self, req: QueuedRequest, reason: str) -> None:
         self.metrics.rejected.labels(req.cls, reason).inc()
 
-    async def handle(self, request: Request, route: str) -> Response:
+    # ------------------------------------------------------------ the request path
+
+    async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Answer one request on a proxy route (the whole ASGI exchange)."""
+        route = scope["path"]
         received_at = self.clock()
-        endpoint = ROUTES[route]
         model = "other"
+        request = Request(scope, receive)
         try:
+            if self.draining:
+                raise self._shutting_down()
             app = self.classifier.authenticate(request.headers.get("authorization"))
-            raw = await read_body(request, self.settings.limits.max_body_bytes)
-            parsed = parse_body(raw, endpoint)
+            lim = self.settings.limits
+            raw = await read_body(request, lim.max_body_bytes)
+            parsed = parse_body(
+                raw, ROUTES[route], lim.max_json_depth, lim.max_n, lim.max_embedding_inputs
+            )
             model = parsed.model
             if model not in self._models():
                 raise ModelNotFound(
                     f"The model '{model}' does not exist. "
                     f"Available models: {', '.join(self._models())}"
                 )
-            prompt_tokens = await self._prompt_tokens(parsed)
             c = self.classifier.classify(
-                parsed, app, request.headers.get(CLASS_HEADER), prompt_tokens
+                parsed, app, request.headers.get(CLASS_HEADER), await self.tokens.count(parsed)
             )
-            return await self._dispatch(request, route, parsed, c, received_at)
         except GatewayError as exc:
             self.metrics.count(route, model, exc.status)
-            return error_response(exc)
-
-    async def _prompt_tokens(self, parsed: ParsedRequest) -> int:
-        """The heuristic estimate, or for long prompts (when enabled) the worker's own count
-        from vLLM's ``/tokenize``: a few ms, paid only where a prefill costs far more."""
-        estimate = self.classifier.estimate_prompt_tokens(parsed)
-        t = self.settings.tokens
-        if not t.use_worker_tokenizer or parsed.endpoint == "embeddings":
-            return estimate
-        chars, _ = prompt_chars(parsed)
-        if chars < t.tokenizer_min_chars:
-            return estimate
-        worker = self.pool.pick(parsed.model)
-        if worker is None or self._session is None:
-            return estimate
-        key = "messages" if parsed.endpoint == "chat" else "prompt"
-        body = {"model": worker.spec.upstream_model(parsed.model), key: parsed.body[key]}
-        try:
-            async with self._session.post(
-                worker.spec.url + "/tokenize",
-                json=body,
-                timeout=aiohttp.ClientTimeout(total=2.0),
-            ) as resp:
-                if resp.status == 200:
-                    return int((await resp.json())["count"])
-        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
-            pass
-        return estimate
+            await error_response(exc)(scope, receive, send)
+            return
+        async with Lease(self.leases, self.admission, self.pool, receive, len(raw)) as lease:
+            try:
+                response = await self._dispatch(lease, route, parsed, c, received_at)
+            except ClientGone:
+                self.metrics.count(route, model, 499)
+                return
+            except GatewayError as exc:
+                self.metrics.count(route, model, exc.status)
+                response = error_response(exc)
+            with contextlib.suppress(OSError):
+                await response(scope, receive, send)
 
     async def _dispatch(
         self,
-        request: Request,
+        lease: Lease,
         route: str,
         parsed: ParsedRequest,
         c: Classification,
         received_at: float,
     ) -> Response:
         cls = self.settings.classes[c.cls]
-
-        async def disconnected() -> None:
-            while (await request.receive())["type"] != "http.disconnect":
-                pass
-
+        first_byte_s = (
+            cls.first_byte_timeout_ms / 1000
+            if cls.first_byte_timeout_ms is not None
+            else self.settings.upstream.first_byte_timeout_s
+        )
         done = functools.partial(self._record, route, parsed.model, c)
         # Mergeable embeddings go through the coalescer (a bad input is refused here, alone).
         batching = mergeable(parsed)
-        dropped: set[str] = set()
-        failed: set[str] = set()  # workers that failed this request before answering
-        last_answer: Response | None = None  # a worker's own 5xx, if that was the failure
-        for attempt in range(3):
-            serving = self.pool.for_model(parsed.model)
-            # Fail over: the retry goes to a worker that has not failed this request yet;
-            # only when none is left is one tried again (a pooled connection the worker had
-            # just closed is worth a second try).
-            eligible = [w for w in serving if w.name not in failed] or serving
+        workers = frozenset(w.name for w in self.pool.for_model(parsed.model))
+        failed: set[str] = set()
+        attempt = 0
+        while True:
+            attempt += 1
             req = QueuedRequest(
                 id=f"r{next(self._ids)}",
                 cls=c.cls,
@@ -225,53 +265,72 @@ class Gateway:
                 priority=cls.priority,
                 prompt_tokens=c.prompt_tokens,
                 max_tokens=c.max_tokens,
-                workers=frozenset(w.name for w in eligible),
+                workers=workers,
                 endpoint=parsed.endpoint,
             )
+            healthy = any(self.pool.by_name[n].up is not False for n in workers)
             try:
-                ticket = await self.admission.admit(
-                    req, disconnected, eligible_healthy=any(w.up is not False for w in eligible)
-                )
-            except asyncio.CancelledError:
+                worker = await lease.admit(req, eligible_healthy=healthy)
+            except ClientGone:
                 self.metrics.rejected.labels(c.cls, "disconnected").inc()
-                return Response(status_code=499)
-            worker = self.pool.by_name[ticket.worker]
+                raise
+            answer: tuple[int, bytes, str] | None = None
             try:
-                if batching is not None and self._coalescer is not None:
-                    return await self._coalescer.forward(
+                if batching is not None:
+                    return await self.coalescer.forward(
                         batching,
                         worker,
-                        ticket,
+                        lease.hand_over(),
                         c.cls,
                         c.prompt_tokens,
                         received_at,
                         done,
-                        disconnected,
+                        lease.wait_gone,
                         priority=cls.priority,
                     )
                 return await self.proxy.forward(
-                    route, parsed, worker, ticket, received_at, done, priority=cls.priority
+                    lease, parsed, received_at, done, cls.priority, first_byte_s
                 )
             except WorkerUnreachable as exc:
-                if not exc.refused:
-                    if worker.name in dropped:  # dropped twice in a row: treat as down
-                        self.pool.mark_down(worker, "dropped the connection twice")
-                    dropped.add(worker.name)
-                failed.add(worker.name)
-                worker.failovers += 1
-                last_answer = exc.answer
-                others = [w for w in self.pool.for_model(parsed.model) if w.name not in failed]
-                if last_answer is not None and not any(w.up is not False for w in others):
-                    break  # a worker's own error, and no other worker to try: pass it on
-                log.info("worker %s unreachable; retrying (attempt %d)", worker.name, attempt)
+                answer = exc.answer
+                if answer is not None:
+                    failure = Failure.ERROR_ANSWER
+                else:
+                    failure = Failure.REFUSED if exc.refused else Failure.DROPPED
+            except WorkerLost as exc:
+                if not exc.failover:
+                    raise exc.error from None
+                failure = Failure.LOST
+            except FirstByteTimeout:
+                failure = Failure.SILENT
+                log.warning(
+                    "worker %s sent nothing within %.1f s; failing over", worker.name, first_byte_s
+                )
+            lease.end_attempt(0, 0)
+            failed.add(worker.name)
+            worker.failovers += 1
+            serving = [(w.name, w.up is not False) for w in self.pool.for_model(parsed.model)]
+            step = next_step(serving, frozenset(failed), failure, attempt)
+            if isinstance(step, Retry):
+                log.info("retrying on %s (attempt %d)", ", ".join(sorted(step.workers)), attempt)
+                workers = step.workers
                 continue
-        if last_answer is not None:
-            self.metrics.count(route, parsed.model, last_answer.status_code)
-            return last_answer
-        raise NoWorkerAvailable(
-            "no worker that serves this model is reachable; try again shortly",
-            retry_after_s=self.settings.health.retry_after_s,
-        )
+            if step.pass_answer and answer is not None:
+                status, content, ctype = answer
+                self.metrics.count(route, parsed.model, status)
+                return Response(
+                    content, status, {"x-hearthgate-worker": worker.name}, media_type=ctype
+                )
+            if failure is Failure.SILENT:
+                raise NoWorkerAvailable(
+                    f"worker {worker.name} sent nothing within {first_byte_s:g} s and no other "
+                    "worker serves this model; try again shortly",
+                    retry_after_s=self.settings.health.retry_after_s,
+                )
+            raise NoWorkerAvailable(
+                "no worker that serves this model is reachable; try again shortly",
+                retry_after_s=self.settings.health.retry_after_s,
+            )
 
     def _embed_activity(self, worker: str) -> tuple[int, bool]:
         """For the batching window: requests admitted to ``worker`` and not finished, and
@@ -313,6 +372,8 @@ class Gateway:
         for target, ok in (("ttft", ttft_ok), ("itl", itl_ok), ("both", ttft_ok and itl_ok)):
             m.slo.labels(c.cls, target, "met" if ok else "missed").inc()
 
+    # ------------------------------------------------------------ views
+
     def _models(self) -> list[str]:
         return self.settings.models()
 
@@ -327,46 +388,13 @@ class Gateway:
         }
 
     def status(self) -> dict[str, Any]:
-        recent: dict[str, Any] = {}
-        for route, values in self.metrics.recent_ttft.items():
-            recent.setdefault(route, {})["ttft_p50_s"] = percentile(values, 50)
-            recent[route]["ttft_p99_s"] = percentile(values, 99)
-            recent[route]["ttft_samples"] = len(values)
-        for route, values in self.metrics.recent_e2e.items():
-            recent.setdefault(route, {})["e2e_p50_s"] = percentile(values, 50)
-            recent[route]["e2e_p99_s"] = percentile(values, 99)
-        usage = self.scheduler.worker_usage()
-        pacing = self.admission.pacing_state()
-        workers = self.pool.status()
-        for w in workers:
-            u = usage.get(str(w["name"]))
-            w["admitted"] = 0 if u is None else u.in_flight
-            w["prefill_tokens"] = 0 if u is None else u.prefill_tokens
-            paced = pacing.get(str(w["name"]))
-            if paced is not None:
-                cap, gap = paced
-                w["pacing"] = {
-                    "background_cap": cap,
-                    "token_gap_s": None if gap is None else round(gap, 4),
-                }
-        now = self.clock()
-        queues = {
-            cls: {
-                "depth": st.depth,
-                "queued_tokens": st.tokens,
-                "oldest_wait_s": None
-                if st.oldest_arrival is None
-                else round(now - st.oldest_arrival, 3),
-                "dispatched_tokens": st.dispatched_tokens,
-            }
-            for cls, st in self.scheduler.queue_stats().items()
-        }
-        return {
-            "uptime_s": round(time.time() - self.started_at, 1),
-            "in_flight": sum(w.in_flight for w in self.pool.workers),
-            "queued": self.scheduler.queued_count,
-            "queues": queues,
-            "tenant_counters": self.scheduler.tenant_counters(),
-            "workers": workers,
-            "recent": recent,
-        }
+        return render_status(
+            scheduler=self.scheduler,
+            admission=self.admission,
+            pool=self.pool,
+            metrics=self.metrics,
+            leases=self.leases,
+            now=self.clock(),
+            started_at=self.started_at,
+            draining=self.draining,
+        )

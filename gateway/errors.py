@@ -26,6 +26,10 @@ class Outcome(enum.StrEnum):
     INTERNAL = "internal"
 
 
+class ClientGone(Exception):
+    """The client closed its connection: not an error to answer, a signal to stop work."""
+
+
 class GatewayError(Exception):
     """Base of every error the gateway reports to a client."""
 

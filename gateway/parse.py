@@ -15,6 +15,9 @@ from starlette.requests import Request
 
 from gateway.errors import BadRequest, PayloadTooLarge
 
+# Integers the gateway reads or forwards must fit a 32-bit signed int, as vLLM's do.
+_MAX_INT = 2**31 - 1
+
 _ENDPOINT_INPUT = {
     "chat": "messages",
     "completions": "prompt",
@@ -69,14 +72,51 @@ def _check(body: dict[str, Any], key: str, types: tuple[type, ...], what: str) -
         raise BadRequest(f"'{key}' must be {what}, got {_type_name(v)}")
 
 
-def parse_body(raw: bytes, endpoint: str) -> ParsedRequest:
-    """Decode and check a request body for ``endpoint``; raise BadRequest with a clear reason."""
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def json_depth(value: Any) -> int:
+    """How deeply arrays and objects nest in a decoded JSON value (iterative)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            deepest = max(deepest, depth)
+            stack.extend((x, depth + 1) for x in v.values())
+        elif isinstance(v, list):
+            deepest = max(deepest, depth)
+            stack.extend((x, depth + 1) for x in v)
+    return deepest
+
+
+def decode_json(raw: bytes, max_depth: int = 64) -> Any:
+    """Decode a JSON body or raise BadRequest: invalid JSON, ``NaN``/``Infinity``,
+    integers too long to convert, nesting deeper than ``max_depth``."""
+    try:
+        value = json.loads(raw, parse_constant=_no_constant)
+    except RecursionError:
+        raise BadRequest(f"request body nests deeper than {max_depth} levels") from None
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if json_depth(value) > max_depth:
+        raise BadRequest(f"request body nests deeper than {max_depth} levels")
+    return value
+
+
+def parse_body(
+    raw: bytes,
+    endpoint: str,
+    max_depth: int = 64,
+    max_n: int = 8,
+    max_inputs: int = 2048,
+) -> ParsedRequest:
+    """Decode and check a request body for ``endpoint``; raise BadRequest with a clear reason.
+    ``max_n`` bounds ``n``, ``max_inputs`` the items of an embeddings ``input``."""
     if not raw.strip():
         raise BadRequest("request body is empty; expected a JSON object")
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    body = decode_json(raw, max_depth)
     if not isinstance(body, dict):
         raise BadRequest(f"request body must be a JSON object, got {_type_name(body)}")
 
@@ -102,6 +142,18 @@ def parse_body(raw: bytes, endpoint: str) -> ParsedRequest:
     _check(body, "max_completion_tokens", (int,), "an integer")
     _check(body, "priority", (int,), "an integer")
     _check(body, "n", (int,), "an integer")
+    for key in ("max_tokens", "max_completion_tokens", "priority", "n"):
+        v = body.get(key)
+        if isinstance(v, int) and not -_MAX_INT <= v <= _MAX_INT:
+            raise BadRequest(f"'{key}' is out of range")
+    n = body.get("n")
+    if n is not None and not 1 <= n <= max_n:
+        raise BadRequest(f"'n' must be between 1 and {max_n}")
+    if endpoint == "embeddings" and isinstance(body["input"], list):
+        items = body["input"]
+        token_ids = bool(items) and all(type(v) is int for v in items)
+        if not token_ids and len(items) > max_inputs:
+            raise BadRequest(f"'input' holds {len(items)} items; at most {max_inputs} per request")
 
     stream = bool(body.get("stream") or False)
     if endpoint == "embeddings" and stream:

@@ -42,11 +42,23 @@ class Listen(_Strict):
 
 class Limits(_Strict):
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    # JSON nesting deeper than this is refused (400) before it can exhaust the parser.
+    max_json_depth: int = Field(64, ge=4, le=1000)
+    # The most completions one request may ask for (`n`); each runs as its own sequence.
+    max_n: int = Field(8, ge=1)
+    # The most inputs in one embeddings request (OpenAI's own limit is 2048).
+    max_embedding_inputs: int = Field(2048, ge=1)
+    # Bytes the bodies of all queued requests may hold together; more get 429.
+    max_queued_bytes: int = Field(256 * 1024 * 1024, ge=1024)
 
 
 class Upstream(_Strict):
     connect_timeout_s: float = Field(5.0, gt=0)
     read_timeout_s: float = Field(600.0, gt=0)
+    # The longest a worker may take to its first byte (a streamed answer's first event; a
+    # whole non-streamed answer, which vLLM sends at once) before the request fails over or
+    # gets 503; classes may set their own (first_byte_timeout_ms).
+    first_byte_timeout_s: float = Field(300.0, gt=0)
     max_connections: int = Field(1024, ge=1)
     # Idle pooled connections are closed after this; keep it below the workers' own
     # keep-alive (vLLM: 5 s) so the gateway never reuses one the worker just closed.
@@ -154,6 +166,8 @@ class RequestClass(_Strict):
     queue_timeout_ms: float | None = Field(None, gt=0)
     ordering: Literal["fcfs", "edf"] = "fcfs"
     fair_share: Literal["vtc", "fcfs"] = "vtc"
+    # This class's own first-byte limit (null: upstream.first_byte_timeout_s).
+    first_byte_timeout_ms: float | None = Field(None, gt=0)
     # Batching window; null: zero wait for interactive classes, Window() defaults otherwise.
     window: Window | None = None
 
@@ -166,10 +180,19 @@ class RequestClass(_Strict):
 
 def _default_classes() -> dict[str, RequestClass]:
     return {
+        # A conversation turn that has not started within a minute is better failed over
+        # (or answered 503) than left waiting on a worker that hangs.
         "voice": RequestClass(
-            priority=0, interactive=True, ttft_ms=300, itl_ms=50, max_wait_ms=2000
+            priority=0,
+            interactive=True,
+            ttft_ms=300,
+            itl_ms=50,
+            max_wait_ms=2000,
+            first_byte_timeout_ms=60_000,
         ),
-        "chat": RequestClass(priority=1, interactive=True, ttft_ms=800, itl_ms=80),
+        "chat": RequestClass(
+            priority=1, interactive=True, ttft_ms=800, itl_ms=80, first_byte_timeout_ms=60_000
+        ),
         "rag": RequestClass(priority=2, ttft_ms=3000, itl_ms=150),
         "embed": RequestClass(priority=3),
         "batch": RequestClass(priority=4, min_share=0.05),
@@ -183,7 +206,12 @@ class App(_Strict):
     key_env: str | None = None
     default_class: str | None = None
     weight: float = Field(1.0, gt=0)
-    may_choose_class: bool = False
+    # Whether the app may pick its class with the X-Hearthgate-Class header: a list names
+    # the classes it may pick; true: its default class and any class below it (so an app
+    # cannot lift itself into the voice band); false: never.
+    may_choose_class: bool | list[str] = False
+    # The most requests this app may have waiting in queues at once; more get 429.
+    max_queued: int | None = Field(256, ge=1)
     # The most requests this app may have admitted at once (all classes and workers); more
     # wait in their queue while other apps' requests go ahead. null: no limit.
     max_in_flight: int | None = Field(None, ge=1)
@@ -224,6 +252,13 @@ class Pacing(_Strict):
     target_fraction: float = Field(0.4, gt=0, le=1)
     interval_ms: float = Field(500.0, gt=0)  # how often a worker's cap moves
     max_cap: int = Field(64, ge=1)  # the cap at start and its ceiling
+
+
+class Shutdown(_Strict):
+    """What SIGTERM does: /readyz turns 503 and new and queued requests get 503 at once;
+    streams in flight may finish for ``drain_s``, then end with an error event."""
+
+    drain_s: float = Field(10.0, ge=0)
 
 
 class Scheduler(_Strict):
@@ -282,6 +317,7 @@ class Settings(BaseSettings):
     tokens: Tokens = Tokens()
     scheduler: Scheduler = Scheduler()
     routing: Routing = Routing()
+    shutdown: Shutdown = Shutdown()
 
     @field_validator("workers")
     @classmethod
@@ -301,6 +337,10 @@ class Settings(BaseSettings):
         for i, app in enumerate(self.apps):
             if app.default_class is not None and app.default_class not in known:
                 problems.append(f"apps.{i}.default_class: unknown class {app.default_class!r}")
+            if isinstance(app.may_choose_class, list):
+                for c in app.may_choose_class:
+                    if c not in known:
+                        problems.append(f"apps.{i}.may_choose_class: unknown class {c!r}")
         for i, rule in enumerate(self.rules):
             if rule.class_ not in known:
                 problems.append(f"rules.{i}.class: unknown class {rule.class_!r}")
@@ -343,6 +383,16 @@ class Settings(BaseSettings):
             return p.target_gap_ms
         itls = [c.itl_ms for c in self.classes.values() if c.interactive and c.itl_ms]
         return p.target_fraction * min(itls) if itls else None
+
+    def choosable_classes(self, app: App) -> list[str]:
+        """The classes ``app`` may pick with the X-Hearthgate-Class header."""
+        choice = app.may_choose_class
+        if choice is False:
+            return []
+        if isinstance(choice, list):
+            return [c for c in choice if c in self.classes]
+        own = self.classes[app.default_class or self.default_class].priority
+        return [name for name, c in self.classes.items() if c.priority >= own]
 
     def models(self) -> list[str]:
         """Every model name served by some worker, in settings order, without repeats."""

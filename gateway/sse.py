@@ -96,7 +96,7 @@ class StreamObserver:
             return True
         try:
             obj = json.loads(payload)
-        except ValueError:
+        except (ValueError, RecursionError):
             return True
         if not isinstance(obj, dict):
             return True

@@ -10,12 +10,12 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
-import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.metrics import GatewayMetrics, WorkerRow
 from gateway.scheduling import worker_budget
 from gateway.settings import Health, Worker
+from gateway.upstream import UpstreamClient, WorkerUnreachable
 from policies.types import WorkerSnapshot
 
 log = logging.getLogger("hearthgate.workers")
@@ -58,7 +58,8 @@ _GAUGE_IN = re.compile(r"^# (?:HELP|TYPE) (?:" + "|".join(map(re.escape, _GAUGES
 
 
 def parse_vllm_gauges(text: str) -> dict[str, float]:
-    """The vLLM gauges the scheduler uses, summed over engines, from a /metrics page."""
+    """The vLLM gauges the scheduler uses, summed over engines, from a /metrics page.
+    Raises ValueError for a page the Prometheus parser cannot read."""
     # vLLM's page is mostly histograms; hand the library parser only the lines it needs.
     wanted = "\n".join(
         line
@@ -94,6 +95,8 @@ class WorkerPool:
         self.by_name = {w.name: w for w in self.workers}
         self._budgets = {w.name: worker_budget(w.limits) for w in workers}
         self.on_change: Callable[[], None] | None = None  # health changed: re-run admission
+        # A worker went down: cut the requests on it (they fail over or end with an error).
+        self.on_down: Callable[[WorkerState, str], None] | None = None
         self._health = health
         self._metrics = metrics
         self._clock = clock
@@ -154,11 +157,17 @@ class WorkerPool:
         worker.consecutive_drops = 0
 
     def mark_down(self, worker: WorkerState, reason: str) -> None:
-        if worker.up is not False:
+        was_up = worker.up is not False
+        if was_up:
             log.warning("worker %s marked down: %s", worker.name, reason)
         worker.up = False
         worker.last_error = reason
         self._metrics.worker_up.labels(worker.name).set(0)
+        if was_up:
+            if self.on_down is not None:
+                self.on_down(worker, reason)
+            if self.on_change is not None:
+                self.on_change()
 
     def _mark_up(self, worker: WorkerState) -> None:
         changed = worker.up is not True
@@ -180,19 +189,20 @@ class WorkerPool:
         worker.in_flight -= 1
         self._metrics.in_flight.labels(worker.name).set(worker.in_flight)
 
-    async def check(self, session: aiohttp.ClientSession, worker: WorkerState) -> bool:
-        timeout = aiohttp.ClientTimeout(total=self._health.timeout_s)
+    async def check(self, client: UpstreamClient, worker: WorkerState) -> bool:
         refused = False
         try:
-            async with session.get(worker.spec.url + "/health", timeout=timeout) as resp:
-                ok = resp.status == 200
-                reason = f"/health answered {resp.status}"
-        except (aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
-            ok, refused = False, True
-            reason = f"/health failed: {type(exc).__name__}: {exc}"
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            status, _ = await client.get(
+                worker.name, worker.spec.url + "/health", self._health.timeout_s
+            )
+            ok = status == 200
+            reason = f"/health answered {status}"
+        except WorkerUnreachable as exc:
+            ok, refused = False, exc.refused
+            reason = "/health: connection " + ("refused" if exc.refused else "dropped")
+        except Exception as exc:  # a timeout, a broken answer: one failed check
             ok = False
-            reason = f"/health failed: {type(exc).__name__}: {exc}".rstrip(": ")
+            reason = f"/health failed: {exc}"
         worker.last_check = self._clock()
         if ok:
             self._mark_up(worker)
@@ -208,18 +218,21 @@ class WorkerPool:
             )
         return False
 
-    async def scrape(self, session: aiohttp.ClientSession, worker: WorkerState) -> None:
-        """Read the worker's vLLM gauges; on any failure the old values age out."""
-        timeout = aiohttp.ClientTimeout(total=self._health.timeout_s)
+    async def scrape(self, client: UpstreamClient, worker: WorkerState) -> None:
+        """Read the worker's vLLM gauges; on any failure (or a page that does not parse)
+        this worker's old values age out, and the other workers' are not affected."""
         try:
-            async with session.get(worker.spec.url + "/metrics", timeout=timeout) as resp:
-                if resp.status != 200:
-                    return
-                text = await resp.text()
-        except (aiohttp.ClientError, TimeoutError, OSError, UnicodeDecodeError):
+            status, body = await client.get(
+                worker.name, worker.spec.url + "/metrics", self._health.timeout_s
+            )
+            if status != 200:
+                return
+            text = body.decode()
+            # The parser is pure Python; a thread keeps a large page from stalling relays.
+            gauges = await asyncio.to_thread(parse_vllm_gauges, text)
+        except Exception as exc:
+            log.debug("scraping %s failed: %r", worker.name, exc)
             return
-        # The parser is pure Python; a thread keeps a large page from stalling relays.
-        gauges = await asyncio.to_thread(parse_vllm_gauges, text)
         worker.gauges = gauges
         worker.scraped_at = self._clock()
 
@@ -233,22 +246,22 @@ class WorkerPool:
             w.kv_usage = w.gauges.get("vllm:kv_cache_usage_perc") if fresh else None
             w.scraped_running = w.gauges.get("vllm:num_requests_running") if fresh else None
 
-    async def check_all(self, session: aiohttp.ClientSession) -> None:
-        await asyncio.gather(*(self.check(session, w) for w in self.workers))
+    async def check_all(self, client: UpstreamClient) -> None:
+        await asyncio.gather(*(self.check(client, w) for w in self.workers))
         if self._health.scrape_metrics:
-            await asyncio.gather(*(self.scrape(session, w) for w in self.workers if w.up))
+            await asyncio.gather(*(self.scrape(client, w) for w in self.workers if w.up))
         self.refresh_gauges()
 
-    async def _loop(self, session: aiohttp.ClientSession) -> None:
+    async def _loop(self, client: UpstreamClient) -> None:
         while True:
             try:
-                await self.check_all(session)
+                await self.check_all(client)
             except Exception:  # the loop must survive anything a check throws
                 log.exception("health check round failed")
             await asyncio.sleep(self._health.interval_s)
 
-    def start(self, session: aiohttp.ClientSession) -> None:
-        self._task = asyncio.create_task(self._loop(session), name="worker-health")
+    def start(self, client: UpstreamClient) -> None:
+        self._task = asyncio.create_task(self._loop(client), name="worker-health")
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -73,6 +73,8 @@ async def _generate(request: web.Request) -> web.StreamResponse:
         if delay:
             await asyncio.sleep(delay)
         if break_after is not None and i >= int(break_after):
+            if i:  # a worker that dies mid-stream: the client has read what was sent
+                await asyncio.sleep(0.05)
             assert request.transport is not None
             request.transport.close()
             return resp

@@ -169,15 +169,25 @@ def generated_tokens(worker_url: str) -> float:
     return sum(float(v) for v in values)
 
 
-def test_client_disconnect_aborts_on_the_worker(gateway_url: str, gen_worker_url: str) -> None:
+@pytest.mark.parametrize("stream", [True, False], ids=["streaming", "non-streaming"])
+def test_client_disconnect_aborts_on_the_worker(
+    gateway_url: str, gen_worker_url: str, stream: bool
+) -> None:
     # A counter, not the running gauge: on a busy CPU worker /metrics can answer slower than
     # the whole request runs, and a gauge read then misses it. If the abort did not reach
     # vLLM, the counter would grow by the full max_tokens.
     max_tokens = 3500
-    body = {**COMPLETION, "max_tokens": max_tokens, "stream": True}
+    body = {**COMPLETION, "max_tokens": max_tokens, "stream": stream}
     before = generated_tokens(gen_worker_url)
-    with httpx.stream("POST", gateway_url + "/v1/completions", json=body, timeout=60) as r:
-        assert next(r.iter_lines()).startswith("data: ")
+    if stream:
+        with httpx.stream("POST", gateway_url + "/v1/completions", json=body, timeout=60) as r:
+            assert next(r.iter_lines()).startswith("data: ")
+    else:
+        # The client gives up after a second and closes its connection.
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(
+                gateway_url + "/v1/completions", json=body, timeout=httpx.Timeout(60, read=1.0)
+            )
     # Wait until the worker stops producing tokens (two equal reads a second apart).
     last, deadline = generated_tokens(gen_worker_url), time.monotonic() + 60
     while True:
@@ -188,4 +198,5 @@ def test_client_disconnect_aborts_on_the_worker(gateway_url: str, gen_worker_url
         assert time.monotonic() < deadline, "vLLM still generates for the abandoned request"
         last = now
     assert now - before < max_tokens / 2, f"{now - before:.0f} tokens generated after disconnect"
-    assert httpx.get(gateway_url + "/status").json()["in_flight"] == 0
+    status = httpx.get(gateway_url + "/status").json()
+    assert status["in_flight"] == 0 and status["leases"]["open"] == 0

@@ -6,8 +6,9 @@ import asyncio
 
 import pytest
 
-from gateway.admission import AdmissionController, DrainRate
-from gateway.errors import NoWorkerAvailable, RateLimited
+from gateway.admission import AdmissionController
+from gateway.errors import ClientGone, NoWorkerAvailable, RateLimited
+from policies.estimators import DrainRate
 from policies.scheduler import Scheduler
 from policies.types import ClassPolicy, QueuedRequest, WorkerBudget, WorkerSnapshot
 
@@ -63,7 +64,7 @@ async def test_disconnect_while_queued_leaves_no_trace() -> None:
     waiter = asyncio.create_task(ctl.admit(rq(2, clock), disconnected))
     await asyncio.sleep(0.01)
     gone.set()
-    with pytest.raises(asyncio.CancelledError):
+    with pytest.raises(ClientGone):
         await asyncio.wait_for(waiter, 1)
     assert sched.queued_count == 0 and not sched.is_queued("r2")
     first.finish(10, 5)
@@ -133,7 +134,7 @@ async def test_non_streaming_prefill_is_released_after_the_estimate() -> None:
 
 
 def test_prefill_rate_is_measured_from_long_prompts_only() -> None:
-    from gateway.admission import PrefillRates
+    from policies.estimators import PrefillRates
 
     r = PrefillRates(initial=1000.0, min_tokens=256, alpha=0.5)
     r.observe("w", 100, 1.0)  # too short to say anything

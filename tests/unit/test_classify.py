@@ -76,7 +76,7 @@ def test_order_header_rules_app_default_global() -> None:
     assert c.classify(req(), notes, "batch", 2000).cls == "batch"
     # ...and is ignored for one that is not.
     assert c.classify(req(), assistant, "batch", 10).cls == "voice"
-    with pytest.raises(BadRequest, match="unknown class"):
+    with pytest.raises(BadRequest, match="may not choose class 'vip'"):
         c.classify(req(), notes, "vip", 10)
 
 

@@ -24,8 +24,9 @@ from gateway.coalesce import (
 from gateway.errors import BadRequest, UpstreamFailed
 from gateway.metrics import GatewayMetrics
 from gateway.parse import parse_body
-from gateway.proxy import Result, WorkerUnreachable
+from gateway.proxy import Result
 from gateway.settings import Worker
+from gateway.upstream import WorkerUnreachable
 from gateway.workers import WorkerState
 from policies.windows import WindowPolicy
 
@@ -209,6 +210,9 @@ async def call(
     co: Coalescer, p: Plan, ticket: Ticket | None = None, **kw: Any
 ) -> tuple[int, dict[str, Any]]:
     results: list[Result] = []
+    co_pool = co._pool
+    assert isinstance(co_pool, Pool)
+    co_pool.acquire(WORKER)  # the caller's lease holds one in-flight count, handed over
     resp = await co.forward(p, WORKER, ticket or Ticket(), "embed", 5, 0.0, results.append, **kw)
     body = bytes(resp.body)
     assert len(results) == (0 if resp.status_code == 499 else 1)

@@ -10,7 +10,7 @@ from prometheus_client import generate_latest
 
 from gateway.metrics import GatewayMetrics, WorkerCollector
 from gateway.parse import parse_body
-from gateway.proxy import Proxy, model_swap, swap_model
+from gateway.proxy import model_swap, swap_model, upstream_body
 from gateway.scheduling import routing_policy
 from gateway.settings import Health, Settings, SettingsError, Worker, load_settings
 from gateway.workers import WorkerPool, WorkerState
@@ -80,7 +80,7 @@ def test_model_is_renamed_for_the_worker_and_back() -> None:
     spec = Worker(name="w", url="http://x", models=["llama"], upstream_models={"llama": "up"})
     worker = WorkerState(spec)
     parsed = parse_body(b'{"model": "llama", "prompt": "hi", "stream": true}', "completions")
-    body = json.loads(Proxy.upstream_body(parsed, worker, None))
+    body = json.loads(upstream_body(parsed, worker, None))
     assert body["model"] == "up"
     swap = model_swap(parsed, worker)
     assert swap == (b'"up"', b'"llama"')
@@ -91,7 +91,7 @@ def test_model_is_renamed_for_the_worker_and_back() -> None:
     assert swap_model(b'{"model": "up"}', swap) == b'{"model": "llama"}'
     plain = WorkerState(Worker(name="p", url="http://x", models=["llama"]))
     assert model_swap(parsed, plain) is None
-    assert json.loads(Proxy.upstream_body(parsed, plain, None))["model"] == "llama"
+    assert json.loads(upstream_body(parsed, plain, None))["model"] == "llama"
 
 
 def test_snapshots_carry_the_role_and_drops_mark_down_after_two_in_a_row() -> None:

@@ -1,0 +1,72 @@
+"""Rates the gateway measures as it runs, as pure code on times passed in.
+
+:class:`DrainRate` (requests of each class finished per second, for ``Retry-After``) and
+:class:`PrefillRates` (prompt tokens per second each worker prefills, for releasing the
+prefill budget of requests whose first token the gateway cannot see). Both hold bounded
+memory whatever the traffic.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+
+class DrainRate:
+    """Requests of each class finished per second over a sliding window (for Retry-After).
+    Memory is bounded: old ends are dropped as new ones come, and at most ``max_events``
+    ends are kept per class."""
+
+    def __init__(self, window_s: float = 30.0, max_events: int = 100_000) -> None:
+        self._window = window_s
+        self._max = max_events
+        self._ends: dict[str, deque[float]] = {}
+
+    def record(self, cls: str, now: float) -> None:
+        ends = self._ends.get(cls)
+        if ends is None:
+            ends = self._ends[cls] = deque(maxlen=self._max)
+        ends.append(now)
+        self._trim(ends, now)
+
+    def _trim(self, ends: deque[float], now: float) -> None:
+        while ends and ends[0] < now - self._window:
+            ends.popleft()
+
+    def held(self, cls: str) -> int:
+        """Ends currently kept for ``cls`` (for tests of the memory bound)."""
+        return len(self._ends.get(cls, ()))
+
+    def rate(self, cls: str, now: float) -> float:
+        ends = self._ends.get(cls)
+        if not ends:
+            return 0.0
+        self._trim(ends, now)
+        return len(ends) / self._window
+
+    def retry_after(self, cls: str, queued: int, now: float, fallback_s: int = 5) -> int:
+        """Seconds until the queue ahead should have drained: depth / rate, 1 to 300."""
+        r = self.rate(cls, now)
+        if r <= 0:
+            return fallback_s
+        return max(1, min(300, math.ceil(queued / r)))
+
+
+class PrefillRates:
+    """Prompt tokens per second each worker prefills, from streamed first tokens (EWMA)."""
+
+    def __init__(self, initial: float = 4000.0, min_tokens: int = 256, alpha: float = 0.2):
+        self.initial = initial
+        self._min_tokens = min_tokens
+        self._alpha = alpha
+        self._rates: dict[str, float] = {}
+
+    def observe(self, worker: str, prompt_tokens: int, seconds: float) -> None:
+        if prompt_tokens < self._min_tokens or seconds <= 0:
+            return  # short prompts measure queueing and overhead, not prefill speed
+        sample = prompt_tokens / seconds
+        old = self._rates.get(worker)
+        self._rates[worker] = sample if old is None else old + self._alpha * (sample - old)
+
+    def seconds(self, worker: str, prompt_tokens: int) -> float:
+        return prompt_tokens / self._rates.get(worker, self.initial)

@@ -1,0 +1,152 @@
+"""The small parts of the request path on plain values: failover steps, bounded estimators,
+prompt-token counting over every prompt field, class choice, metrics scraping that one bad
+page cannot freeze, JSON limits."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from gateway.errors import BadRequest
+from gateway.metrics import GatewayMetrics
+from gateway.parse import decode_json, json_depth, parse_body
+from gateway.settings import Health, Settings, Worker
+from gateway.tokens import HeuristicCounter, prompt_chars
+from gateway.workers import WorkerPool
+from policies.estimators import DrainRate
+from policies.failover import Failure, GiveUp, Retry, next_step
+from tests.inprocess import FakeResponse, FakeUpstream
+from tests.unit.test_workers import PAGE
+
+# ------------------------------------------------------------------ failover
+
+AB = [("a", True), ("b", True)]
+
+
+def test_failover_goes_to_a_healthy_worker_that_has_not_failed() -> None:
+    assert next_step(AB, frozenset({"a"}), Failure.REFUSED, 1) == Retry(frozenset({"b"}))
+    assert next_step(AB, frozenset({"a"}), Failure.SILENT, 1) == Retry(frozenset({"b"}))
+    down_b = [("a", True), ("b", False)]
+    assert next_step(down_b, frozenset({"a"}), Failure.LOST, 1) == GiveUp(pass_answer=False)
+
+
+def test_a_dropped_connection_is_worth_one_more_try_on_the_same_workers() -> None:
+    alone = [("a", True)]
+    assert next_step(alone, frozenset({"a"}), Failure.DROPPED, 1) == Retry(frozenset({"a"}))
+    assert next_step(alone, frozenset({"a"}), Failure.DROPPED, 3) == GiveUp(pass_answer=False)
+    assert next_step(alone, frozenset({"a"}), Failure.REFUSED, 1) == GiveUp(pass_answer=False)
+
+
+def test_a_worker_error_answer_is_passed_on_when_nobody_else_can_take_it() -> None:
+    alone = [("a", True)]
+    assert next_step(alone, frozenset({"a"}), Failure.ERROR_ANSWER, 1) == GiveUp(True)
+    assert next_step(AB, frozenset({"a"}), Failure.ERROR_ANSWER, 1) == Retry(frozenset({"b"}))
+    assert next_step(AB, frozenset({"a", "b"}), Failure.ERROR_ANSWER, 2) == GiveUp(True)
+
+
+# ------------------------------------------------------------------ estimators
+
+
+def test_drain_rate_memory_stays_bounded_for_a_class_that_never_sheds() -> None:
+    d = DrainRate(window_s=10, max_events=1000)
+    for i in range(100_000):
+        d.record("chat", i * 0.001)  # 1000 ends per second, never asked for a rate
+    assert d.held("chat") <= 1000
+    assert d.rate("chat", 100.0) == pytest.approx(100.0, rel=0.01)  # 1000 kept / 10 s
+    d2 = DrainRate(window_s=1, max_events=10**6)
+    for i in range(5000):
+        d2.record("rag", float(i))  # one per second: only the window is kept
+    assert d2.held("rag") <= 2
+
+
+# ------------------------------------------------------------------ prompt tokens
+
+
+def _parsed(endpoint: str, **body: Any) -> Any:
+    return parse_body(json.dumps({"model": "m", **body}).encode(), endpoint)
+
+
+def test_every_prompt_field_counts() -> None:
+    msgs = [{"role": "user", "content": "abcd"}]
+    plain = prompt_chars(_parsed("chat", messages=msgs))[0]
+    tools = [{"type": "function", "function": {"name": "f", "description": "x" * 400}}]
+    assert prompt_chars(_parsed("chat", messages=msgs, tools=tools))[0] > plain + 400
+    docs = [{"title": "t", "text": "y" * 300}]
+    assert prompt_chars(_parsed("chat", messages=msgs, documents=docs))[0] > plain + 300
+    call = [
+        {"role": "assistant", "tool_calls": [{"function": {"arguments": "z" * 200}}]},
+        {"role": "tool", "content": "w" * 100, "name": "lookup"},
+    ]
+    assert prompt_chars(_parsed("chat", messages=msgs + call))[0] >= plain + 300
+    assert prompt_chars(_parsed("completions", prompt="ab", suffix="c" * 50))[0] == 52
+
+
+def test_embeddings_inputs_count_at_least_one_token_each() -> None:
+    counter = HeuristicCounter(Settings(workers=[_worker()]).tokens)
+    assert counter.estimate(_parsed("embeddings", input=[""] * 100)) == 100
+    assert counter.estimate(_parsed("embeddings", input="abcdefgh")) == 3  # 2 + 1
+
+
+def _worker() -> dict[str, Any]:
+    return {"name": "w", "url": "http://w", "models": ["m"]}
+
+
+# ------------------------------------------------------------------ class choice
+
+
+def test_an_app_may_choose_only_its_listed_classes_or_lower_bands() -> None:
+    s = Settings(
+        workers=[_worker()],
+        apps=[
+            {"name": "notes", "default_class": "rag", "may_choose_class": True},
+            {"name": "bot", "may_choose_class": ["chat", "batch"]},
+            {"name": "tv"},
+        ],
+    )
+    notes, bot, tv = s.apps
+    assert s.choosable_classes(notes) == ["rag", "embed", "batch"]  # never voice or chat
+    assert s.choosable_classes(bot) == ["chat", "batch"]
+    assert s.choosable_classes(tv) == []
+    with pytest.raises(ValueError, match="may_choose_class: unknown class 'vip'"):
+        Settings(workers=[_worker()], apps=[{"name": "x", "may_choose_class": ["vip"]}])
+
+
+# ------------------------------------------------------------------ scraping
+
+
+async def test_one_malformed_metrics_page_does_not_freeze_the_other_workers() -> None:
+    async def nothing(worker: str, path: str, body: dict[str, Any]) -> FakeResponse:
+        return FakeResponse()
+
+    client = FakeUpstream(
+        nothing,
+        metrics_page={"good": PAGE.encode(), "bad": b"vllm:num_requests_waiting{ 1 2 3\n\xff"},
+    )
+    specs = [
+        Worker(name="bad", url="http://bad", models=["m"]),
+        Worker(name="good", url="http://good", models=["m"]),
+    ]
+    pool = WorkerPool(specs, Health(), GatewayMetrics(["m"]))
+    await pool.check_all(client)
+    assert pool.by_name["good"].scraped_waiting == 3.0
+    assert pool.by_name["bad"].scraped_waiting is None
+    assert all(w.up for w in pool.workers)
+
+
+# ------------------------------------------------------------------ JSON limits
+
+
+def test_json_limits() -> None:
+    assert json_depth({"a": [1, {"b": []}]}) == 4
+    assert json_depth(5) == 0
+    with pytest.raises(BadRequest, match="deeper than 8"):
+        decode_json(b"[" * 9 + b"]" * 9, max_depth=8)
+    with pytest.raises(BadRequest, match="deeper"):
+        decode_json(b"[" * 100_000)
+    with pytest.raises(BadRequest, match="not valid JSON"):
+        decode_json(b'{"n": ' + b"1" * 10_000 + b"}")
+    with pytest.raises(BadRequest, match="not valid JSON"):
+        decode_json(b'{"n": Infinity}')
+    assert decode_json(b'{"n": [1, 2]}') == {"n": [1, 2]}
