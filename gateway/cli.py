@@ -14,6 +14,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_asgi_app
+    from gateway.serve import DrainingServer
 
     overrides: dict[str, object] = {}
     try:
@@ -31,18 +32,22 @@ def _serve(args: argparse.Namespace) -> int:
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    uvicorn.run(
-        create_asgi_app(settings),
+    app = create_asgi_app(settings)
+    config = uvicorn.Config(
+        app,
         host=settings.listen.host,
         port=settings.listen.port,
         log_level=settings.log_level,
         access_log=settings.access_log,
-        timeout_graceful_shutdown=5,
+        # uvicorn waits this long for open requests after SIGTERM; the gateway cuts them
+        # itself at shutdown.drain_s, so this only bounds a request that ignores the cut.
+        timeout_graceful_shutdown=int(settings.shutdown.drain_s) + 5,
         timeout_keep_alive=int(settings.listen.keep_alive_s),
         backlog=4096,
-        proxy_headers=False,
-        loop=settings.listen.loop,  # the gateway is the edge; no X-Forwarded-* to trust
+        proxy_headers=False,  # the gateway is the edge; no X-Forwarded-* to trust
+        loop=settings.listen.loop,
     )
+    DrainingServer(config, app.gateway).run()
     return 0
 
 
@@ -54,7 +59,11 @@ def _check(args: argparse.Namespace) -> int:
         return 2
     names = ", ".join(w.name for w in settings.workers)
     print(f"{args.config}: ok ({len(settings.workers)} workers: {names})")
-    return 0
+    if not args.live:
+        return 0
+    from gateway.livecheck import run_live_check
+
+    return run_live_check(settings, timeout_s=args.timeout)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,8 +80,17 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--host", help="override listen.host")
     serve.add_argument("--port", type=int, help="override listen.port")
     serve.set_defaults(func=_serve)
-    check = sub.add_parser("check", help="validate a settings file and exit")
+    check = sub.add_parser("check", help="validate a settings file (--live: and the workers)")
     check.add_argument("config", help="settings YAML file")
+    check.add_argument(
+        "--live",
+        action="store_true",
+        help="also ask every worker what it serves and compare with the settings "
+        "(exit 1 when a worker is down or disagrees)",
+    )
+    check.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds per request to a worker (--live)"
+    )
     check.set_defaults(func=_check)
     sub.add_parser("bench", help="load tests (see `hearthgate bench --help`)")
     args = parser.parse_args(argv)

@@ -1,0 +1,573 @@
+"""``hearthgate check --live``: compare the settings with what each vLLM worker really runs.
+
+Two layers. The comparison (``compare`` and the ``check_*`` functions) works on plain values:
+a ``Worker`` from the settings and the ``WorkerFacts`` observed, and returns ``Finding``s,
+each with concrete advice. The probing layer (``probe_worker``, ``live_check``) gathers the
+facts over HTTP; every failure to reach or understand a worker becomes a fact, never an
+exception.
+
+What a worker tells and how:
+
+- served model ids and each one's ``max_model_len``: ``GET /v1/models``;
+- whether it generates or embeds: a one-token ``POST /v1/completions`` or a one-input
+  ``POST /v1/embeddings`` for its model, as its role asks;
+- its scheduling policy. vLLM 0.32 accepts a request's ``priority`` under either policy
+  and ignores it under ``fcfs`` (its API docs say a non-zero priority is an error there;
+  0.32 answers 200), and publishes the policy only on ``/server_info``, which exists when
+  the worker runs with ``VLLM_SERVER_DEV_MODE=1``. So, in this order: the command line of
+  the local process listening on the worker's port (loopback URLs only), ``/server_info``,
+  and a probe that carries a non-zero priority, whose refusal (vLLM versions that enforce
+  it) means ``fcfs``. When none of these tells, the policy is reported unknown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TextIO
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from gateway.settings import Settings, Worker
+
+Level = Literal["error", "warning", "note"]
+Policy = Literal["fcfs", "priority"]
+PROBE_TEXT = "hearthgate live check"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One disagreement (or point of note) between the settings and a worker."""
+
+    worker: str
+    level: Level
+    problem: str
+    advice: str = ""
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    id: str
+    max_model_len: int | None = None
+
+
+@dataclass(frozen=True)
+class WorkerFacts:
+    """What probing one worker found. ``None``: could not be told (``probe_note`` and
+    ``policy_source`` say why)."""
+
+    unreachable: str | None = None  # set when /v1/models gave no usable answer
+    models: tuple[ServedModel, ...] = ()
+    generates: bool | None = None  # answered a /v1/completions probe
+    embeds: bool | None = None  # answered a /v1/embeddings probe
+    probe_note: str = ""  # what the role probe answered when it failed
+    policy: Policy | None = None
+    policy_source: str = ""  # how the policy is known, or why it is not
+
+
+# ----- pure helpers: parsing what workers and processes say -----
+
+
+def parse_models(body: Any) -> tuple[ServedModel, ...]:
+    """The models of an OpenAI ``/v1/models`` answer (vLLM adds ``max_model_len``)."""
+    if not isinstance(body, dict) or not isinstance(body.get("data"), list):
+        raise ValueError("not an OpenAI model list (no `data` list)")
+    out = []
+    for item in body["data"]:
+        if isinstance(item, dict) and isinstance(item.get("id"), str):
+            mml = item.get("max_model_len")
+            out.append(ServedModel(item["id"], mml if isinstance(mml, int) else None))
+    return tuple(out)
+
+
+def priority_refused(status: int, text: str) -> bool:
+    """Whether a probe answer is vLLM refusing a non-zero ``priority`` (fcfs policy)."""
+    return 400 <= status < 500 and "priority" in text.lower()
+
+
+def policy_from_server_info(body: Any) -> Policy | None:
+    """``vllm_config.scheduler_config.policy`` of a ``/server_info?config_format=json``."""
+    with contextlib.suppress(AttributeError, KeyError, TypeError):
+        policy = body["vllm_config"]["scheduler_config"]["policy"]
+        if policy in ("fcfs", "priority"):
+            return policy  # type: ignore[no-any-return]
+    return None
+
+
+def _option(argv: Sequence[str], name: str) -> str | None:
+    """The value of ``--name V`` or ``--name=V`` (the last one wins, as in argparse)."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(name + "="):
+            value = arg[len(name) + 1 :]
+    return value
+
+
+def vllm_server_port(argv: Sequence[str]) -> int | None:
+    """The port a vLLM OpenAI server command line listens on (None: not such a command)."""
+    joined = " ".join(argv)
+    if "vllm.entrypoints.openai.api_server" not in joined and not any(
+        Path(a).name == "vllm" and i + 1 < len(argv) and argv[i + 1] == "serve"
+        for i, a in enumerate(argv)
+    ):
+        return None
+    port = _option(argv, "--port")
+    try:
+        return int(port) if port is not None else 8000
+    except ValueError:
+        return None
+
+
+def policy_from_argv(argv: Sequence[str]) -> Policy | None:
+    """The scheduling policy a vLLM command line asks for: fcfs unless it says otherwise;
+    None when a ``--config`` file may say it."""
+    policy = _option(argv, "--scheduling-policy")
+    if policy in ("fcfs", "priority"):
+        return policy  # type: ignore[return-value]
+    if policy is None and _option(argv, "--config") is None:
+        return "fcfs"
+    return None
+
+
+# ----- the comparison -----
+
+
+def check_models(worker: Worker, facts: WorkerFacts) -> list[Finding]:
+    """Every model the settings list for ``worker`` (under its upstream name) is served."""
+    served = [m.id for m in facts.models]
+    if not served:
+        return [Finding(worker.name, "error", "serves no model (its /v1/models list is empty)")]
+    out = []
+    for model in worker.models:
+        upstream = worker.upstream_model(model)
+        if upstream in served:
+            continue
+        alias = f" (upstream_models maps it to {upstream!r})" if upstream != model else ""
+        problem = (
+            f"clients' model {model!r}{alias} is not served here; "
+            f"the worker serves {', '.join(map(repr, served))}"
+        )
+        if len(served) == 1:
+            advice = (
+                f"if {served[0]!r} is that model, set `upstream_models: {{{model}: "
+                f"{served[0]}}}` on worker {worker.name}; or start vLLM with "
+                f"--served-model-name {upstream}"
+            )
+        else:
+            advice = (
+                f"set upstream_models.{model} on worker {worker.name} to one of the names "
+                f"above, or start vLLM with --served-model-name {upstream}"
+            )
+        out.append(Finding(worker.name, "error", problem, advice))
+    wanted = {worker.upstream_model(m) for m in worker.models}
+    extra = [m for m in served if m not in wanted]
+    if extra and not out:  # with an error above, its advice already names them
+        out.append(
+            Finding(
+                worker.name,
+                "note",
+                f"also serves {', '.join(map(repr, extra))}, which the settings do not list: "
+                "clients cannot reach it through the gateway",
+                f"add it to workers.{worker.name}.models if apps should use it",
+            )
+        )
+    return out
+
+
+def check_context(
+    worker: Worker,
+    max_model_len: int,
+    long_prefill_min_tokens: int | None,
+    default_max_tokens: int,
+) -> list[Finding]:
+    """``max_model_len`` (prompt + answer) against what the settings route to the worker."""
+    if worker.role == "embeddings":
+        return []
+    name, mml, dmt = worker.name, max_model_len, default_max_tokens
+    if mml <= dmt:
+        return [
+            Finding(
+                name,
+                "error",
+                f"max_model_len {mml} leaves no room for a prompt beside the default answer "
+                f"of {dmt} tokens (tokens.default_max_tokens)",
+                f"start vLLM with a larger --max-model-len, or lower tokens.default_max_tokens "
+                f"below {mml}",
+            )
+        ]
+    threshold = long_prefill_min_tokens
+    if threshold is None:
+        return []
+    if worker.role == "long_prefill" and mml <= threshold:
+        return [
+            Finding(
+                name,
+                "error",
+                f"every prompt routed to this long-prefill worker has at least {threshold} "
+                f"tokens (routing.long_prefill_min_tokens), but its max_model_len is {mml}: "
+                "vLLM would refuse them all (400)",
+                f"start vLLM with --max-model-len {threshold + dmt} or more",
+            )
+        ]
+    if mml < threshold + dmt:
+        where = (
+            "long prompts routed here"
+            if worker.role == "long_prefill"
+            else ("prompts just under it, which stay on this general worker,")
+        )
+        return [
+            Finding(
+                name,
+                "warning",
+                f"max_model_len {mml} is less than routing.long_prefill_min_tokens "
+                f"({threshold}) plus the default answer ({dmt}): {where} cannot get a "
+                f"{dmt}-token answer (vLLM answers 400 when prompt + max_tokens exceed it)",
+                f"start vLLM with --max-model-len {threshold + dmt} or more, or lower "
+                f"routing.long_prefill_min_tokens to {mml - dmt}",
+            )
+        ]
+    return []
+
+
+def check_priority(worker: Worker, policy: Policy | None, source: str) -> list[Finding]:
+    """``priority_scheduling`` in the settings against the worker's scheduling policy."""
+    name = worker.name
+    if policy is None:
+        if not worker.priority_scheduling:
+            return []  # the gateway sends no priority: either policy works
+        return [
+            Finding(
+                name,
+                "warning",
+                f"cannot tell whether the worker runs --scheduling-policy priority ({source})",
+                "make sure its command line has --scheduling-policy priority (the settings "
+                "say priority_scheduling: true); `hearthgate check --live` can read it where "
+                "the worker runs on this machine, or from /server_info when vLLM runs with "
+                "VLLM_SERVER_DEV_MODE=1",
+            )
+        ]
+    if worker.priority_scheduling and policy == "fcfs":
+        return [
+            Finding(
+                name,
+                "error",
+                f"the settings say priority_scheduling: true, but the worker runs the fcfs "
+                f"policy ({source}): vLLM ignores the class priorities the gateway sends "
+                "(vLLM versions that enforce it refuse them with 400)",
+                "start vLLM with --scheduling-policy priority, or set "
+                f"workers.{name}.priority_scheduling: false",
+            )
+        ]
+    if not worker.priority_scheduling and policy == "priority":
+        return [
+            Finding(
+                name,
+                "warning",
+                f"the worker runs --scheduling-policy priority ({source}), but the settings "
+                "say priority_scheduling: false, so the gateway sends no priority and vLLM "
+                "serves its own queue first come, first served",
+                f"set workers.{name}.priority_scheduling: true",
+            )
+        ]
+    return []
+
+
+def check_role(worker: Worker, facts: WorkerFacts) -> list[Finding]:
+    """The worker does what its role needs: embeddings -> /v1/embeddings, else generation."""
+    name, note = worker.name, facts.probe_note
+    if worker.role == "embeddings":
+        if facts.embeds is False:
+            return [
+                Finding(
+                    name,
+                    "error",
+                    f"has role embeddings, but /v1/embeddings failed ({note}): it does not "
+                    "run an embedding (pooling) model",
+                    "point this entry at the embeddings worker, or start vLLM with an "
+                    "embedding model and --runner pooling",
+                )
+            ]
+        if facts.embeds is None:
+            return [Finding(name, "warning", f"could not probe /v1/embeddings ({note})")]
+        return []
+    if facts.generates is False:
+        return [
+            Finding(
+                name,
+                "error",
+                f"has role {worker.role}, but /v1/completions failed ({note}): it does not "
+                "run a text generation model",
+                "if it is the embeddings worker, set its role: embeddings; otherwise point "
+                "this entry at a generation worker",
+            )
+        ]
+    if facts.generates is None:
+        return [Finding(name, "warning", f"could not probe /v1/completions ({note})")]
+    return []
+
+
+def compare(worker: Worker, facts: WorkerFacts, settings: Settings) -> list[Finding]:
+    """Every finding for one worker, errors first."""
+    if facts.unreachable is not None:
+        return [
+            Finding(
+                worker.name,
+                "error",
+                f"not reachable at {worker.url}: {facts.unreachable}",
+                "start it, or fix workers."
+                f"{worker.name}.url (systemd: `systemctl status vllm-worker@NAME`; compose: "
+                "`docker compose ps` and `docker compose logs SERVICE`); a worker that is "
+                "still loading its model answers only when it has loaded",
+            )
+        ]
+    found = check_models(worker, facts)
+    lengths = {m.id: m.max_model_len for m in facts.models}
+    seen: set[int] = set()
+    for model in worker.models if facts.generates is not False else ():
+        mml = lengths.get(worker.upstream_model(model))
+        if mml is not None and mml not in seen:
+            seen.add(mml)
+            found += check_context(
+                worker,
+                mml,
+                settings.routing.long_prefill_min_tokens,
+                settings.tokens.default_max_tokens,
+            )
+    found += check_role(worker, facts)
+    found += check_priority(worker, facts.policy, facts.policy_source)
+    order = {"error": 0, "warning": 1, "note": 2}
+    return sorted(found, key=lambda f: order[f.level])
+
+
+def describe(facts: WorkerFacts) -> str:
+    """One line: what the worker was seen to run."""
+    if facts.unreachable is not None:
+        return "unreachable"
+    models = ", ".join(
+        m.id + (f" (max_model_len {m.max_model_len})" if m.max_model_len else "")
+        for m in facts.models
+    )
+    does = []
+    if facts.generates:
+        does.append("generates")
+    if facts.embeds:
+        does.append("embeds")
+    policy = facts.policy or "unknown"
+    return f"serves {models or 'nothing'}; {', '.join(does) or 'role not confirmed'}; " + (
+        f"scheduling {policy} ({facts.policy_source})"
+    )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def format_report(results: Sequence[tuple[Worker, WorkerFacts, list[Finding]]]) -> str:
+    lines = []
+    for worker, facts, findings in results:
+        state = "ok" if not any(f.level == "error" for f in findings) else "PROBLEM"
+        lines.append(f"{worker.name} {worker.url}: {state}: {describe(facts)}")
+        for f in findings:
+            lines.append(f"  {f.level}: {f.problem}")
+            if f.advice:
+                lines.append(f"    fix: {f.advice}")
+    errors = sum(f.level == "error" for _, _, fs in results for f in fs)
+    warnings = sum(f.level == "warning" for _, _, fs in results for f in fs)
+    lines.append(
+        f"live check: {_count(len(results), 'worker')}, {_count(errors, 'error')}, "
+        f"{_count(warnings, 'warning')}"
+    )
+    return "\n".join(lines)
+
+
+# ----- probing -----
+
+
+_LOOPBACK = {"localhost", "::1", "0.0.0.0", "::"}
+
+
+def _is_local(host: str) -> bool:
+    return host in _LOOPBACK or host.startswith("127.") or host == socket.gethostname()
+
+
+def listening_inodes(tables: Sequence[str], port: int) -> set[str]:
+    """Socket inodes listening on ``port`` in the text of /proc/net/tcp and tcp6."""
+    inodes = set()
+    for table in tables:
+        for line in table.splitlines()[1:]:
+            cols = line.split()
+            # sl, local address (hex ip:port), remote, state (0A = LISTEN), ..., inode
+            if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(cols[9])
+    return inodes
+
+
+def _holds_any(pid_dir: Path, inodes: set[str]) -> bool | None:
+    """Whether the process holds one of the sockets (None: its fds are not ours to read)."""
+    wanted = {f"socket:[{i}]" for i in inodes}
+    try:
+        fds = list((pid_dir / "fd").iterdir())
+    except OSError:
+        return None
+    for fd in fds:
+        with contextlib.suppress(OSError):  # closed meanwhile
+            if str(fd.readlink()) in wanted:
+                return True
+    return False
+
+
+def local_policy(url: str, proc: Path = Path("/proc")) -> tuple[Policy | None, str] | None:
+    """The policy on the command line of the vLLM server on this machine that listens on
+    ``url``'s port; None when the URL is not local or no such process is visible."""
+    parts = urlsplit(url)
+    if parts.hostname is None or not _is_local(parts.hostname) or not proc.is_dir():
+        return None
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    tables = []
+    for name in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            tables.append((proc / "net" / name).read_text())
+    inodes = listening_inodes(tables, port)
+    found: dict[Policy | None, int] = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        argv = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+        # The port on the command line, and (where readable) the listening socket itself:
+        # a vLLM of another network namespace may use the same port number.
+        if vllm_server_port(argv) != port:
+            continue
+        if not inodes or _holds_any(entry, inodes) is not False:
+            found.setdefault(policy_from_argv(argv), int(entry.name))
+    if len(found) != 1:
+        return None  # none, or several processes that disagree
+    ((policy, pid),) = found.items()
+    if policy is None:
+        return None, f"pid {pid} reads its options from a --config file"
+    return policy, f"command line of pid {pid}"
+
+
+async def _request(
+    session: aiohttp.ClientSession, method: str, url: str, body: Any = None
+) -> tuple[int, str]:
+    async with session.request(method, url, json=body) as resp:
+        return resp.status, await resp.text()
+
+
+def _short(status: int, text: str) -> str:
+    """``HTTP 404: Not Found``: the status and the message of an OpenAI or FastAPI error."""
+    with contextlib.suppress(ValueError):
+        body = json.loads(text)
+        if isinstance(body, dict):
+            err = body.get("error")
+            msg = err.get("message") if isinstance(err, dict) else err or body.get("detail")
+            if msg:
+                text = str(msg)
+    return f"HTTP {status}: {text.strip()[:160]}"
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "no answer in time"
+    return f"{type(exc).__name__}: {exc}".strip().rstrip(":")
+
+
+async def _policy(session: aiohttp.ClientSession, base: str) -> tuple[Policy | None, str]:
+    """The worker's scheduling policy from its local command line or /server_info."""
+    local = local_policy(base)
+    if local is not None:
+        return local
+    with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError, ValueError):
+        status, text = await _request(session, "GET", base + "/server_info?config_format=json")
+        if status == 200:
+            policy = policy_from_server_info(json.loads(text))
+            return policy, "/server_info" if policy else "/server_info names no policy"
+    return None, "no vLLM process of this machine listens there, no /server_info"
+
+
+async def _role_probe(
+    session: aiohttp.ClientSession, worker: Worker, model: str, priority: int
+) -> tuple[bool | None, bool, str]:
+    """One tiny request of the worker's role, carrying ``priority``: (answered, refused the
+    priority, what went wrong). A refused priority is retried without one."""
+    embedding = worker.role == "embeddings"
+    url = worker.url + ("/v1/embeddings" if embedding else "/v1/completions")
+    body: dict[str, Any] = {"model": model}
+    body.update({"input": PROBE_TEXT} if embedding else {"prompt": PROBE_TEXT, "max_tokens": 1})
+    try:
+        status, text = await _request(session, "POST", url, {**body, "priority": priority})
+        refused = priority_refused(status, text)
+        if refused:
+            status, text = await _request(session, "POST", url, body)
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        return None, False, _why(exc)
+    return status == 200, refused, "" if status == 200 else _short(status, text)
+
+
+async def probe_worker(
+    session: aiohttp.ClientSession, worker: Worker, probe_priority: int
+) -> WorkerFacts:
+    """Everything ``compare`` needs about one worker; never raises for a worker's fault."""
+    try:
+        status, text = await _request(session, "GET", worker.url + "/v1/models")
+        if status != 200:
+            return WorkerFacts(unreachable=f"/v1/models answered {_short(status, text)}")
+        models = parse_models(json.loads(text))
+    except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+        return WorkerFacts(unreachable=_why(exc))
+    policy, source = await _policy(session, worker.url)
+    # Probe with the worker's model as the gateway would send it, else with any it serves.
+    served = {m.id for m in models}
+    wanted = [worker.upstream_model(m) for m in worker.models]
+    model = next((u for u in wanted if u in served), models[0].id if models else None)
+    if model is None:
+        return WorkerFacts(models=models, policy=policy, policy_source=source)
+    answered, refused, note = await _role_probe(session, worker, model, probe_priority)
+    if policy is None and refused:
+        policy, source = "fcfs", "it refused a request with a priority"
+    elif policy is None and answered:
+        source += ", and it accepted a request with a priority (vLLM 0.32 does either way)"
+    embedding = worker.role == "embeddings"
+    return WorkerFacts(
+        models=models,
+        generates=None if embedding else answered,
+        embeds=answered if embedding else None,
+        probe_note=note,
+        policy=policy,
+        policy_source=source,
+    )
+
+
+async def live_check(
+    settings: Settings, timeout_s: float = 30.0
+) -> list[tuple[Worker, WorkerFacts, list[Finding]]]:
+    """Probe every worker of ``settings`` at once (``timeout_s`` per request) and compare."""
+    # Lowest urgency: under the priority policy the probe waits behind real traffic.
+    probe_priority = 1 + max((c.priority for c in settings.classes.values()), default=0)
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    # trust_env off: workers are on the home network, never behind the host's proxy.
+    async with aiohttp.ClientSession(timeout=timeout, trust_env=False) as session:
+        facts = await asyncio.gather(
+            *(probe_worker(session, w, probe_priority) for w in settings.workers)
+        )
+    return [(w, f, compare(w, f, settings)) for w, f in zip(settings.workers, facts, strict=True)]
+
+
+def run_live_check(settings: Settings, timeout_s: float = 30.0, out: TextIO | None = None) -> int:
+    """Print the live check's report; 0 when no finding is an error, else 1."""
+    results = asyncio.run(live_check(settings, timeout_s))
+    print(format_report(results), file=out or sys.stdout)
+    return 1 if any(f.level == "error" for _, _, fs in results for f in fs) else 0
