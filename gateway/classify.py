@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from gateway.errors import BadRequest, Unauthorized
 from gateway.parse import ParsedRequest
 from gateway.settings import App, Rule, Settings
-from gateway.tokens import HeuristicCounter
 
 log = logging.getLogger("hearthgate.classify")
 
@@ -68,7 +67,6 @@ class Classifier:
             self._keys.append((key.encode(), app))
         self.auth_required = any(a.key_env for a in settings.apps)
         self._open_app = next((a for a in settings.apps if a.key_env is None), None)
-        self._heuristic = HeuristicCounter(settings.tokens)
 
     def authenticate(self, authorization: str | None) -> App | None:
         """The app owning the bearer key; None when no keys are configured. Raises 401."""
@@ -84,9 +82,6 @@ class Classifier:
         if found is None:
             raise Unauthorized("invalid API key")
         return found
-
-    def estimate_prompt_tokens(self, parsed: ParsedRequest) -> int:
-        return self._heuristic.estimate(parsed)
 
     def max_tokens(self, parsed: ParsedRequest) -> int:
         if parsed.endpoint == "embeddings":

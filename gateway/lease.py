@@ -260,10 +260,6 @@ class Lease:
 
     # ------------------------------------------------------------ signals
 
-    @property
-    def client_gone(self) -> bool:
-        return self._gone is not None and self._gone.done()
-
     async def wait_gone(self) -> None:
         """Completes when the client went away."""
         if self._gone is not None:

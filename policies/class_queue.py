@@ -59,10 +59,6 @@ class ClassQueue:
         self._ids[req.id] = req
         self._tokens += req.prompt_tokens
 
-    def peek(self) -> QueuedRequest | None:
-        """The request the fair-share policy would serve next, or None when empty."""
-        return next(self.candidates(), None)
-
     def candidates(self, skip: Container[str] = ()) -> Iterator[QueuedRequest]:
         """Every queued request in serving preference: tenants in the fair-share policy's
         order (as it would choose them now), each tenant's requests in ordering-policy order;

@@ -11,6 +11,7 @@ from gateway.classify import Classifier
 from gateway.errors import BadRequest, Unauthorized
 from gateway.parse import ParsedRequest, parse_body
 from gateway.settings import Settings, load_settings
+from gateway.tokens import HeuristicCounter
 
 WORKERS = [{"name": "w", "url": "http://127.0.0.1:1", "models": ["m"]}]
 ENV = {"ASSISTANT_KEY": "k-assistant", "NOTES_KEY": "k-notes"}
@@ -89,15 +90,16 @@ def test_rule_conditions() -> None:
 
 def test_token_estimate_heuristic_and_ids() -> None:
     c = Classifier(settings(), ENV)
-    assert c.estimate_prompt_tokens(req("completions", prompt="x" * 41)) == 11  # ceil(41/4)
-    assert c.estimate_prompt_tokens(req("completions", prompt=[1, 2, 3, 4, 5])) == 5
+    h = HeuristicCounter(settings().tokens)
+    assert h.estimate(req("completions", prompt="x" * 41)) == 11  # ceil(41/4)
+    assert h.estimate(req("completions", prompt=[1, 2, 3, 4, 5])) == 5
     chat = req(
         messages=[
             {"role": "system", "content": "abcd"},
             {"role": "user", "content": [{"type": "text", "text": "efgh"}]},
         ]
     )
-    assert c.estimate_prompt_tokens(chat) == 2
+    assert h.estimate(chat) == 2
     assert c.max_tokens(req()) == 256  # default when the client sets none
     assert c.max_tokens(req(max_tokens=9)) == 9
     assert c.max_tokens(req("embeddings")) == 0
