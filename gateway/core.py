@@ -253,6 +253,8 @@ class Gateway:
         # Mergeable embeddings go through the coalescer (a bad input is refused here, alone).
         batching = mergeable(parsed)
         workers = frozenset(w.name for w in self.pool.for_model(parsed.model))
+        n = parsed.body.get("n")
+        sequences = n if isinstance(n, int) and n > 1 else 1
         failed: set[str] = set()
         attempt = 0
         while True:
@@ -267,6 +269,7 @@ class Gateway:
                 max_tokens=c.max_tokens,
                 workers=workers,
                 endpoint=parsed.endpoint,
+                sequences=sequences,
             )
             healthy = any(self.pool.by_name[n].up is not False for n in workers)
             try:

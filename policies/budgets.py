@@ -51,14 +51,15 @@ class WorkerLoad:
         self._prefill_requests = 0
         self._interactive = 0
 
-    def add(self, cls: str, interactive: bool, prompt_tokens: int) -> None:
-        """A request was admitted here; it is in prefill until ``end_prefill``."""
-        self._by_class[cls] = self._by_class.get(cls, 0) + 1
+    def add(self, cls: str, interactive: bool, prompt_tokens: int, sequences: int = 1) -> None:
+        """A request of ``sequences`` sequences was admitted here; it is in prefill until
+        ``end_prefill``."""
+        self._by_class[cls] = self._by_class.get(cls, 0) + sequences
         self._prefill += prompt_tokens
         self._prefill_requests += 1
         if interactive:
             self._prefill_interactive += prompt_tokens
-            self._interactive += 1
+            self._interactive += sequences
 
     def end_prefill(self, interactive: bool, prompt_tokens: int) -> None:
         """The request's first token arrived (or it ended before one): release its tokens."""
@@ -67,11 +68,11 @@ class WorkerLoad:
         if interactive:
             self._prefill_interactive -= prompt_tokens
 
-    def remove(self, cls: str, interactive: bool = False) -> None:
-        """The request finished: release its slot (its prefill must have ended already)."""
+    def remove(self, cls: str, interactive: bool = False, sequences: int = 1) -> None:
+        """The request finished: release its slots (its prefill must have ended already)."""
         if interactive:
-            self._interactive -= 1
-        left = self._by_class[cls] - 1
+            self._interactive -= sequences
+        left = self._by_class[cls] - sequences
         if left:
             self._by_class[cls] = left
         else:
@@ -96,8 +97,11 @@ def check(
     cls: str,
     interactive: bool,
     prompt_tokens: int,
+    sequences: int = 1,
 ) -> Verdict:
     """Whether one more request of ``cls`` with ``prompt_tokens`` fits ``worker`` now.
+    In-flight counts and caps are in sequences (a request with ``n`` completions runs as
+    ``sequences`` of them); a request with more sequences than a cap runs alone.
 
     Background classes may not use the interactive reserve (slots or prefill tokens) and
     wait while the worker is saturated or has as many background sequences as its
@@ -120,7 +124,8 @@ def check(
         return Verdict.PACED
     if lim.max_in_flight is not None:
         slots = lim.max_in_flight - (0 if interactive else lim.interactive_reserved_slots)
-        if usage.in_flight + 1 > slots:
+        alone = sequences > 1 and usage.in_flight == 0  # too big to ever fit: runs alone
+        if usage.in_flight + sequences > slots and not alone:
             return Verdict.SLOTS
     budget = lim.prefill_token_budget
     if budget is not None and usage.prefill_tokens > 0:

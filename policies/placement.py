@@ -35,6 +35,7 @@ def place(
     prompt_tokens: int,
     eligible: frozenset[str] | None = None,
     routing: RoutingPolicy = DEFAULT_POLICY,
+    sequences: int = 1,
 ) -> Placement:
     """The best-scoring worker (``policies.routing.scores``: gateway in-flight, scraped
     waiting and KV usage; ties by name) among those the request fits, else the reason it
@@ -49,7 +50,7 @@ def place(
     own_cap = 0
     for w in considered:
         u = usage[w.name]
-        verdict = check(w, u, cls, interactive, prompt_tokens)
+        verdict = check(w, u, cls, interactive, prompt_tokens, sequences)
         if verdict is Verdict.UNHEALTHY:
             continue
         healthy += 1

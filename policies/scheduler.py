@@ -214,7 +214,14 @@ class Scheduler:
                 if not allowed:
                     continue  # its workers are held, down, or none of them is known
                 spot = place(
-                    workers, usage, name, interactive, cand.prompt_tokens, allowed, self._routing
+                    workers,
+                    usage,
+                    name,
+                    interactive,
+                    cand.prompt_tokens,
+                    allowed,
+                    self._routing,
+                    cand.sequences,
                 )
                 if spot.worker is not None:
                     self._start(cand, spot.worker, interactive)
@@ -237,7 +244,7 @@ class Scheduler:
         self._ledger.record(req.cls, req.dispatched_tokens)
         if not len(q):
             self._ledger.close(req.cls)
-        self._loads[worker].add(req.cls, interactive, req.prompt_tokens)
+        self._loads[worker].add(req.cls, interactive, req.prompt_tokens, req.sequences)
         self._running[req.id] = _Running(req, worker, interactive)
         if req.tenant in self._tenant_caps:
             self._tenant_running[req.tenant] = self._tenant_running.get(req.tenant, 0) + 1
@@ -281,7 +288,7 @@ class Scheduler:
         req = run.request
         if run.in_prefill:
             self._end_prefill(run)
-        self._loads[run.worker].remove(req.cls, run.interactive)
+        self._loads[run.worker].remove(req.cls, run.interactive, req.sequences)
         if req.tenant in self._tenant_running:
             left = self._tenant_running[req.tenant] - 1
             if left:

@@ -55,6 +55,9 @@ class QueuedRequest:
     # The endpoint ("chat", "completions", "embeddings"; None: unknown, a generation
     # request): the router sends embeddings to an ``embeddings`` worker when one is healthy.
     endpoint: str | None = None
+    # Sequences the request runs as on the worker (``n`` completions decode as ``n``): each
+    # takes a slot of the worker's in-flight budgets.
+    sequences: int = 1
 
     def __post_init__(self) -> None:
         _require(bool(self.id), "request id must not be empty")
@@ -63,6 +66,7 @@ class QueuedRequest:
         _require(_finite(self.arrival), f"request {self.id}: arrival must be finite")
         _require(self.prompt_tokens >= 0, f"request {self.id}: prompt_tokens must be >= 0")
         _require(self.max_tokens >= 0, f"request {self.id}: max_tokens must be >= 0")
+        _require(self.sequences >= 1, f"request {self.id}: sequences must be >= 1")
         if self.deadline is not None:
             _require(_finite(self.deadline), f"request {self.id}: deadline must be finite")
 

@@ -233,3 +233,20 @@ def test_budgets_are_never_exceeded(log: list[Op], limits: list[WorkerBudget]) -
     for u in run.sched.worker_usage().values():
         assert (u.in_flight, u.prefill_tokens, u.interactive_prefill_tokens) == (0, 0, 0)
         assert u.prefill_requests == 0 and not u.in_flight_by_class
+
+
+def test_n_completions_take_a_slot_each_and_too_many_run_alone() -> None:
+    sched = Scheduler(CLASSES)
+    sched.enqueue(replace(req("n3", "chat", arrival=0), sequences=3), 0.0)
+    sched.enqueue(replace(req("n2", "chat", arrival=1), sequences=2), 0.0)
+    sched.enqueue(req("one", "chat", arrival=2), 0.0)
+    w = [worker(max_in_flight=2)]
+    # n3 has more sequences than the worker's slots: it runs alone, and holds all of them.
+    assert ids(sched.admit(0.0, w)) == ["n3"]
+    assert sched.worker_usage()["w0"].in_flight == 3
+    sched.on_finish("n3", 1, 3, 1.0)
+    assert ids(sched.admit(1.0, w)) == ["n2"]  # 2 sequences fill the 2 slots
+    assert sched.admit(1.0, w) == []
+    sched.on_finish("n2", 1, 2, 2.0)
+    assert ids(sched.admit(2.0, w)) == ["one"]
+    assert sched.worker_usage()["w0"].in_flight == 1
