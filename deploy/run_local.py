@@ -1,8 +1,9 @@
 """``make run``: CPU vLLM workers and the gateway on this machine, until Ctrl-C.
 
 Starts the generation worker (core 0) and the embedding worker (core 1) named in the
-settings file, at the ports their URLs give, then the gateway; prints ready-to-paste
-``curl`` commands; stops everything it started on Ctrl-C or SIGTERM.
+settings file, at the ports their URLs give, then the gateway with a new random key for
+every app (unless its ``key_env`` is set already); prints the keys and ready-to-paste
+``curl`` commands that use them; stops everything it started on Ctrl-C or SIGTERM.
 
 ``--layout split`` (``make run LAYOUT=split``) replaces the workers (and routing) with those
 of ``deploy/settings.split.yaml``: a general worker on core 0, a long-prefill worker on
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -97,32 +99,74 @@ def layout_config(config: str, layout: str) -> str:
     return str(out)
 
 
+KEY_VAR = "HEARTHGATE_KEY"  # the key the printed examples and the README's SDK example use
+
+
 def demo_keys(settings: Settings, environ: dict[str, str]) -> dict[str, str]:
-    """App name -> key; apps whose key variable is unset get a demo key set in ``environ``."""
+    """App name -> key, for every app with a ``key_env``: the variable's value when it is
+    set, else a new random key, set in ``environ`` for the gateway. Every run (and every
+    machine) gets its own keys, never a fixed, guessable one. Apps whose key is given as
+    ``key_sha256`` are left out: only its owner knows the key."""
     keys: dict[str, str] = {}
     for app in settings.apps:
         if app.key_env is None:
             continue
         if not environ.get(app.key_env):
-            environ[app.key_env] = f"demo-{app.name}-key"
+            environ[app.key_env] = secrets.token_urlsafe(24)
         keys[app.name] = environ[app.key_env]
     return keys
 
 
-def _curl_examples(host: str, port: int, settings: Settings, keys: dict[str, str]) -> str:
-    base = f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
+def demo_admin_key(settings: Settings, environ: dict[str, str]) -> str | None:
+    """The admin key (``auth.admin_key_env``), made up as :func:`demo_keys` does; None
+    when the settings name no admin key variable."""
+    env = settings.auth.admin_key_env
+    if env is None:
+        return None
+    if not environ.get(env):
+        environ[env] = secrets.token_urlsafe(24)
+    return environ[env]
+
+
+def base_url(settings: Settings) -> str:
+    """Where this machine reaches the gateway (a wildcard address means every interface)."""
+    host = settings.listen.host
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    elif ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{settings.listen.port}"
+
+
+def gateway_command(config: str) -> list[str]:
+    return [sys.executable, "-m", "gateway.cli", "serve", "--config", config]
+
+
+def ready_message(settings: Settings, keys: dict[str, str], admin_key: str | None = None) -> str:
+    """What ``make run`` prints once the gateway is ready: the keys of this run and
+    commands that work when pasted into another terminal as printed."""
+    base = base_url(settings)
     gen = next((w.models[0] for w in settings.workers if w.role != "embeddings"), None)
     emb = next((w.models[0] for w in settings.workers if w.role == "embeddings"), None)
     lines = [f"hearthgate is ready at {base}/v1  (status: {base}/status, metrics: {base}/metrics)"]
     auth = ""
     if keys:
-        lines += ["", "App keys (Authorization: Bearer <key>):"]
-        lines += [f"  {name}: {key}" for name, key in keys.items()]
+        by_name = {a.name: a for a in settings.apps}
+        width = max(len(n) for n in keys)
+        envs = ", ".join(str(by_name[n].key_env) for n in keys)
+        lines += ["", f"App keys of this run, new every run (to keep your own, set {envs}):"]
+        lines += [f"  {n:<{width}}  {by_name[n].key_env}={k}" for n, k in keys.items()]
         chat_app = next(
             (a.name for a in settings.apps if a.default_class == "chat" and a.name in keys),
             next(iter(keys)),
         )
-        auth = f" -H 'Authorization: Bearer {keys[chat_app]}'"
+        lines += [
+            "",
+            f"In another terminal, as the {chat_app} app (the examples below and the",
+            f"README's OpenAI SDK example read {KEY_VAR}):",
+            f"  export {KEY_VAR}={keys[chat_app]}",
+        ]
+        auth = f' -H "Authorization: Bearer ${KEY_VAR}"'
     if gen:
         lines += [
             "",
@@ -137,6 +181,12 @@ def _curl_examples(host: str, port: int, settings: Settings, keys: dict[str, str
             "Embeddings:",
             f"  curl {base}/v1/embeddings{auth} -H 'Content-Type: application/json' \\",
             f'    -d \'{{"model": "{emb}", "input": ["pasta with tomato sauce"]}}\'',
+        ]
+    if admin_key is not None:
+        lines += [
+            "",
+            f"Status (admin key, {settings.auth.admin_key_env}):",
+            f"  curl {base}/status -H 'Authorization: Bearer {admin_key}'",
         ]
     lines += ["", "Press Ctrl-C to stop the gateway and the workers."]
     return "\n".join(lines)
@@ -158,6 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"hearthgate: {exc}", file=sys.stderr)
         return 2
+    problem = settings.exposure_problem()
+    if problem is not None:  # the gateway would refuse it: say so before the workers start
+        print(f"hearthgate: refusing to serve {args.config}: {problem}", file=sys.stderr)
+        return 2
     RUN_DIR.mkdir(exist_ok=True)
     workers = plan_workers(settings)
     gateway: subprocess.Popen[bytes] | None = None
@@ -170,23 +224,22 @@ def main(argv: list[str] | None = None) -> int:
         start_all(workers, timeout=300)
         env = dict(os.environ)
         keys = demo_keys(settings, env)
-        cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", args.config]
-        gateway = subprocess.Popen(cmd, env=env)
-        port = settings.listen.port
+        admin = demo_admin_key(settings, env)
+        gateway = subprocess.Popen(gateway_command(args.config), env=env)
         deadline = time.monotonic() + 30
         while True:
             if gateway.poll() is not None:
                 print("the gateway exited; see its output above", file=sys.stderr)
                 return 1
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1):
+                with urllib.request.urlopen(f"{base_url(settings)}/readyz", timeout=1):
                     break
             except OSError:
                 if time.monotonic() > deadline:
                     print("the gateway did not become ready in 30 s", file=sys.stderr)
                     return 1
                 time.sleep(0.2)
-        print("\n" + _curl_examples(settings.listen.host, port, settings, keys) + "\n", flush=True)
+        print("\n" + ready_message(settings, keys, admin) + "\n", flush=True)
         while gateway.poll() is None and all(w.running for w in workers):
             time.sleep(0.5)
         print("a process exited unexpectedly; stopping the rest", file=sys.stderr)

@@ -7,7 +7,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
+from gateway.auth import AdminGuard, warn_if_anonymous
 from gateway.core import ROUTES, Gateway
 from gateway.errors import (
     BadRequest,
@@ -92,6 +93,17 @@ def create_app(
     """Build the gateway application for ``settings`` (``upstream``: the client towards
     the workers; default aiohttp)."""
     gw = Gateway(settings, clock, upstream)
+    admin = AdminGuard(settings)
+    warn_if_anonymous(settings)
+
+    async def operator_only(request: Request) -> None:
+        """/status and /metrics: the admin key, or this machine only (gateway.auth)."""
+        client = request.client.host if request.client is not None else None
+        admin.check(request.headers.get("authorization"), client)
+
+    async def app_key(request: Request) -> None:
+        """Non-proxy /v1 routes: an app's key whenever apps have keys, as on the proxy."""
+        gw.classifier.authenticate(request.headers.get("authorization"))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -137,7 +149,7 @@ def create_app(
     for path in ROUTES:
         app.router.routes.append(Route(path, _ProxyRoute(gw), methods=["POST"]))
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", dependencies=[Depends(app_key)])
     async def models() -> JSONResponse:
         return JSONResponse(gw.list_models())
 
@@ -164,11 +176,11 @@ def create_app(
             )
         return JSONResponse({"status": "ready", "workers_up": up})
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=[Depends(operator_only)])
     async def metrics() -> Response:
         return Response(generate_latest(gw.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/status")
+    @app.get("/status", dependencies=[Depends(operator_only)])
     async def status() -> JSONResponse:
         return JSONResponse(gw.status())
 

@@ -10,17 +10,14 @@ the worker's usage numbers when the request ends.
 
 from __future__ import annotations
 
-import hmac
-import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from gateway.auth import AppKeys, bearer_key
 from gateway.errors import BadRequest, Unauthorized
 from gateway.parse import ParsedRequest
 from gateway.settings import App, Rule, Settings
-
-log = logging.getLogger("hearthgate.classify")
 
 CLASS_HEADER = "x-hearthgate-class"
 ANONYMOUS = "anonymous"
@@ -52,33 +49,19 @@ class Classifier:
 
     def __init__(self, settings: Settings, environ: Mapping[str, str] = os.environ) -> None:
         self._settings = settings
-        self._keys: list[tuple[bytes, App]] = []
-        for app in settings.apps:
-            if app.key_env is None:
-                continue
-            key = environ.get(app.key_env)
-            if not key:
-                log.warning(
-                    "app %s: environment variable %s is not set; it cannot authenticate",
-                    app.name,
-                    app.key_env,
-                )
-                continue
-            self._keys.append((key.encode(), app))
-        self.auth_required = any(a.key_env for a in settings.apps)
-        self._open_app = next((a for a in settings.apps if a.key_env is None), None)
+        self._keys = AppKeys(settings, environ)
+        self.auth_required = settings.has_app_keys()
+        self._open_app = next((a for a in settings.apps if not a.has_key), None)
 
     def authenticate(self, authorization: str | None) -> App | None:
-        """The app owning the bearer key; None when no keys are configured. Raises 401."""
+        """The app owning the bearer key; None when no keys are configured. Raises 401.
+        Keys are compared as SHA-256 digests, each in constant time (gateway.auth)."""
         if not self.auth_required:
             return self._open_app
-        if not authorization or not authorization.lower().startswith("bearer "):
+        key = bearer_key(authorization)
+        if key is None:
             raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
-        given = authorization[7:].strip().encode()
-        found: App | None = None
-        for key, app in self._keys:  # compare with every key: the time does not tell which
-            if hmac.compare_digest(given, key) and found is None:
-                found = app
+        found = self._keys.find(key)
         if found is None:
             raise Unauthorized("invalid API key")
         return found

@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Callable
 
-from gateway.settings import SettingsError, load_settings
+from gateway.settings import Settings, SettingsError, load_settings
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -27,6 +27,8 @@ def _serve(args: argparse.Namespace) -> int:
             settings = load_settings(args.config, **overrides)
     except SettingsError as exc:
         print(f"hearthgate: {exc}", file=sys.stderr)
+        return 2
+    if _refused(settings, args.config):
         return 2
     logging.basicConfig(
         level=settings.log_level.upper(),
@@ -51,11 +53,21 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _refused(settings: Settings, config: str) -> bool:
+    """Print why ``settings`` must not be served (see Settings.exposure_problem)."""
+    problem = settings.exposure_problem()
+    if problem is not None:
+        print(f"hearthgate: refusing to serve {config}: {problem}", file=sys.stderr)
+    return problem is not None
+
+
 def _check(args: argparse.Namespace) -> int:
     try:
         settings = load_settings(args.config)
     except SettingsError as exc:
         print(f"hearthgate: {exc}", file=sys.stderr)
+        return 2
+    if _refused(settings, args.config):
         return 2
     names = ", ".join(w.name for w in settings.workers)
     print(f"{args.config}: ok ({len(settings.workers)} workers: {names})")

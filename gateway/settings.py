@@ -7,6 +7,8 @@ errors, so a typo is reported instead of silently ignored.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -199,11 +201,65 @@ def _default_classes() -> dict[str, RequestClass]:
     }
 
 
+_SHA256_HEX = re.compile(r"^[0-9a-fA-F]{64}$")
+
+
+def _sha256_hex(v: str | None) -> str | None:
+    """A key's SHA-256 as 64 hex digits, normalised to lower case."""
+    if v is None:
+        return None
+    if not _SHA256_HEX.match(v):
+        raise ValueError(
+            "must be the SHA-256 of the key as 64 hex digits "
+            "(printf '%s' \"$KEY\" | sha256sum), not the key itself"
+        )
+    return v.lower()
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address to listen on or a client address) is this machine only:
+    127.0.0.0/8, ::1 (also IPv4-mapped) or ``localhost``. Any other name counts as the
+    network."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped.is_loopback
+    return ip.is_loopback
+
+
+class Auth(_Strict):
+    """Who may use the gateway beyond the apps' keys: anonymous access from the network on
+    purpose, and the admin key that guards /status and /metrics."""
+
+    # Serve requests without any key although listen.host is reachable from the network.
+    # Without it, such a configuration refuses to start. No effect once an app has a key.
+    allow_anonymous: bool = False
+    # The admin key (`Authorization: Bearer <key>` on /status and /metrics), from the
+    # environment variable named, or given as its SHA-256. Without one, /status and
+    # /metrics answer only clients on the gateway's own machine (loopback).
+    admin_key_env: str | None = Field(None, min_length=1)
+    admin_key_sha256: str | None = None
+
+    _hex = field_validator("admin_key_sha256")(_sha256_hex)
+
+    @model_validator(mode="after")
+    def _one_admin_key(self) -> Auth:
+        if self.admin_key_env is not None and self.admin_key_sha256 is not None:
+            raise ValueError("set admin_key_env or admin_key_sha256, not both")
+        return self
+
+
 class App(_Strict):
-    """A client app, recognised by its API key (read from the environment variable named)."""
+    """A client app, recognised by its API key: read from the environment variable named
+    by ``key_env``, or given as its SHA-256 (``key_sha256``)."""
 
     name: str = Field(min_length=1, pattern=_NAME)
-    key_env: str | None = None
+    key_env: str | None = Field(None, min_length=1)
+    key_sha256: str | None = None
     default_class: str | None = None
     weight: float = Field(1.0, gt=0)
     # Whether the app may pick its class with the X-Hearthgate-Class header: a list names
@@ -215,6 +271,19 @@ class App(_Strict):
     # The most requests this app may have admitted at once (all classes and workers); more
     # wait in their queue while other apps' requests go ahead. null: no limit.
     max_in_flight: int | None = Field(None, ge=1)
+
+    _hex = field_validator("key_sha256")(_sha256_hex)
+
+    @model_validator(mode="after")
+    def _one_key(self) -> App:
+        if self.key_env is not None and self.key_sha256 is not None:
+            raise ValueError("set key_env or key_sha256, not both")
+        return self
+
+    @property
+    def has_key(self) -> bool:
+        """Whether the settings give this app a key (its value may still be missing)."""
+        return self.key_env is not None or self.key_sha256 is not None
 
 
 class Rule(_Strict):
@@ -303,6 +372,7 @@ class Settings(BaseSettings):
     )
 
     listen: Listen = Listen()
+    auth: Auth = Auth()
     limits: Limits = Limits()
     upstream: Upstream = Upstream()
     health: Health = Health()
@@ -373,6 +443,25 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # The YAML file arrives as init values; the environment overrides it.
         return (env_settings, init_settings)
+
+    def has_app_keys(self) -> bool:
+        """Whether any app has a key: then every proxied request needs one."""
+        return any(a.has_key for a in self.apps)
+
+    def exposure_problem(self) -> str | None:
+        """Why these settings must not be served, or None: a listen address reachable from
+        the network with no app key would open every endpoint to anyone there, unless
+        ``auth.allow_anonymous`` says that is meant. ``hearthgate serve`` refuses to start
+        and ``hearthgate check`` fails on it."""
+        host = self.listen.host
+        if is_loopback(host) or self.has_app_keys() or self.auth.allow_anonymous:
+            return None
+        return (
+            f"listen.host is {host or '(empty)'} (reachable from the network) but no app has "
+            "a key: add `key_env` or `key_sha256` to your apps (see "
+            "deploy/settings.example.yaml), or set `auth: {allow_anonymous: true}` to serve "
+            "anyone on the network on purpose"
+        )
 
     def pacing_gap_ms(self) -> float | None:
         """The token gap decode pacing holds (None: pacing is off or has no target)."""

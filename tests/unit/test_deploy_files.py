@@ -23,7 +23,13 @@ from gateway.settings import Settings, load_settings
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
-KEYS = {"ASSISTANT_KEY": "a", "NOTES_KEY": "n", "CHAT_KEY": "c", "SUMMARIES_KEY": "s"}
+KEYS = {
+    "ASSISTANT_KEY": "a",
+    "NOTES_KEY": "n",
+    "CHAT_KEY": "c",
+    "SUMMARIES_KEY": "s",
+    "ADMIN_KEY": "m",
+}
 WORKERS = ("vllm-gen", "vllm-embed")
 _VAR = re.compile(r"\$\{(\w+)(?:(:?[-?])([^}]*))?\}")
 
@@ -253,7 +259,9 @@ def test_every_app_key_reaches_the_gateway(
     compose_settings: Settings, services: dict[str, Any]
 ) -> None:
     key_envs = {a.key_env for a in compose_settings.apps if a.key_env}
-    assert key_envs and key_envs == set(services["gateway"]["environment"])
+    assert key_envs and compose_settings.auth.admin_key_env is not None
+    key_envs.add(compose_settings.auth.admin_key_env)
+    assert key_envs == set(services["gateway"]["environment"])
     example = (DEPLOY / "keys.env.example").read_text()
     listed = {line.split("=")[0] for line in example.splitlines() if re.match(r"^\w+=", line)}
     assert listed == key_envs
