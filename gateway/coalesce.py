@@ -48,7 +48,7 @@ from starlette.responses import Response
 from gateway.errors import BadRequest, GatewayError, UpstreamFailed
 from gateway.metrics import GatewayMetrics
 from gateway.parse import ParsedRequest
-from gateway.proxy import Result, read_usage, upstream_body
+from gateway.proxy import Result, openai_error_body, read_usage, upstream_body
 from gateway.settings import RequestClass, Settings
 from gateway.upstream import UpstreamClient, WorkerUnreachable
 from gateway.workers import WorkerState
@@ -468,7 +468,9 @@ class Coalescer:
         if answer.status in _RETRY_ALONE and len(parts) > 1:
             return None
         if answer.status != 200:
-            return None, [answer] * len(parts), []
+            model = parts[0].plan.parsed.model
+            body = openai_error_body(answer.status, answer.content, "/v1/embeddings", model)
+            return None, [Answer(answer.status, body, "application/json")] * len(parts), []
         logical = parts[0].plan.parsed.model
         try:
             bodies = split_answer(answer.content, [p.plan.items for p in parts], logical)

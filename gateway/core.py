@@ -33,7 +33,7 @@ from gateway.errors import (
 from gateway.lease import FirstByteTimeout, Lease, LeaseBook, WorkerLost
 from gateway.metrics import GatewayMetrics, SchedulerCollector, WorkerCollector
 from gateway.parse import ParsedRequest, parse_body, read_body
-from gateway.proxy import Proxy, Result
+from gateway.proxy import AnswerBroke, Proxy, Result
 from gateway.scheduling import build_scheduler, pacing_rule
 from gateway.settings import Settings
 from gateway.status import render_status
@@ -278,6 +278,7 @@ class Gateway:
                 self.metrics.rejected.labels(c.cls, "disconnected").inc()
                 raise
             answer: tuple[int, bytes, str] | None = None
+            broke: AnswerBroke | None = None
             try:
                 if batching is not None:
                     return await self.coalescer.forward(
@@ -300,6 +301,9 @@ class Gateway:
                     failure = Failure.ERROR_ANSWER
                 else:
                     failure = Failure.REFUSED if exc.refused else Failure.DROPPED
+            except AnswerBroke as exc:
+                log.info("answer from %s broke off before the first byte", worker.name)
+                failure, broke = Failure.BROKEN, exc
             except WorkerLost as exc:
                 if not exc.failover:
                     raise exc.error from None
@@ -324,6 +328,8 @@ class Gateway:
                 return Response(
                     content, status, {"x-hearthgate-worker": worker.name}, media_type=ctype
                 )
+            if broke is not None and worker.up is not False:
+                raise broke.error  # the worker is up and keeps breaking its answers: 502
             if failure is Failure.SILENT:
                 raise NoWorkerAvailable(
                     f"worker {worker.name} sent nothing within {first_byte_s:g} s and no other "

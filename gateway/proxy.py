@@ -138,6 +138,38 @@ class Result:
     completed: bool = False
 
 
+class AnswerBroke(Exception):
+    """The worker's answer broke off before anything was sent to the client: the request
+    may go to another worker."""
+
+    def __init__(self, worker: str, error: UpstreamFailed) -> None:
+        super().__init__(error.message)
+        self.worker = worker
+        self.error = error
+
+
+def openai_error_body(status: int, content: bytes, path: str, model: str) -> bytes:
+    """A worker's error answer in OpenAI's shape: passed on as it is when it already is
+    (vLLM's own errors), else wrapped (a framework's ``{"detail": ...}``, plain text)."""
+    try:
+        answer = json.loads(content)
+    except (ValueError, RecursionError):
+        answer = None
+    if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
+        return content
+    detail = answer.get("detail") if isinstance(answer, dict) else None
+    if status == 404 and detail == "Not Found":
+        message = f"the model '{model}' does not serve {path}"
+        code = "unsupported_endpoint"
+    else:
+        text = detail if isinstance(detail, str) else content.decode("utf-8", "replace")
+        message = f"the worker answered {status}: {text[:500]}"
+        code = "upstream_error"
+    kind = "invalid_request_error" if 400 <= status < 500 else "upstream_error"
+    body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    return json.dumps(body).encode()
+
+
 class Proxy:
     """Sends parsed requests to workers; owns nothing but references to shared parts."""
 
@@ -192,11 +224,16 @@ class Proxy:
         self._pool.note_answered(worker)
         lease.upstream = resp
         headers = {"x-hearthgate-worker": worker.name}
-        if resp.status != 200 or not parsed.stream:
-            content = await lease.guard(resp.read(), self._left(deadline))
-            return self._answer(lease, parsed, worker, resp, content, headers, received_at, done)
-        chunks = resp.chunks()
-        first = await lease.guard(anext(chunks, b""), self._left(deadline))
+        try:
+            if resp.status != 200 or not parsed.stream:
+                content = await lease.guard(resp.read(), self._left(deadline))
+                return self._answer(
+                    lease, parsed, worker, resp, content, headers, received_at, done
+                )
+            chunks = resp.chunks()
+            first = await lease.guard(anext(chunks, b""), self._left(deadline))
+        except UpstreamFailed as exc:  # broke off before the client got anything
+            raise AnswerBroke(worker.name, exc) from None
         return RelayResponse(
             self._relay(lease, parsed, worker, resp, first, chunks, received_at, done),
             lease.wait_gone,
@@ -232,6 +269,7 @@ class Proxy:
             lease.usage(result.prompt_tokens, result.completion_tokens)
         else:
             lease.usage(0, 0)  # refused by the worker: nothing was computed
+            content = openai_error_body(resp.status, content, PATHS[parsed.endpoint], parsed.model)
         done(result)
         swap = model_swap(parsed, worker)
         if swap is not None:

@@ -401,3 +401,44 @@ async def test_coalesced_embeddings_leave_nothing_behind() -> None:
             assert ex.status == 200
         await leaving.done()
         assert idle(gw)
+
+
+async def test_an_answer_that_breaks_before_the_first_byte_fails_over() -> None:
+    async def handler(worker: str, path: str, body: dict[str, Any]) -> UpstreamResponse:
+        if worker == "w0":  # headers, then the worker dies before its first event
+            return FakeResponse(chunks=[], fail=UpstreamFailed("payload broke"))
+        return FakeResponse(chunks=token_chunks(2))
+
+    async with running(handler, workers=TWO) as (gw, _):
+        ex = await post(gw, STREAM).done()
+        assert ex.status == 200 and ex.headers["x-hearthgate-worker"] == "w1"
+        assert ex.events()[-1] == "[DONE]" and idle(gw)
+
+
+async def test_a_worker_that_dies_before_the_first_byte_gives_503_not_502() -> None:
+    async def handler(worker: str, path: str, body: dict[str, Any]) -> UpstreamResponse:
+        up.down.add(worker)  # the process is gone: the next connection is refused
+        return FakeResponse(chunks=[], fail=UpstreamFailed("payload broke"))
+
+    up = FakeUpstream(handler)
+    gw = Gateway(settings(), upstream=up)
+    await gw.start()
+    try:
+        ex = await post(gw, STREAM).done()
+        assert ex.status == 503 and "retry-after" in ex.headers
+        assert idle(gw)
+    finally:
+        await gw.stop()
+
+
+async def test_a_route_the_worker_lacks_gets_an_openai_shaped_error() -> None:
+    nf = FakeResponse(status=404, chunks=[b'{"detail":"Not Found"}'])
+    async with running(answer(nf)) as (gw, _):
+        ex = await post(gw, {"model": "m", "input": "x"}, "/v1/embeddings").done()
+        assert ex.status == 404
+        err = ex.json()["error"]
+        assert err["code"] == "unsupported_endpoint" and "/v1/embeddings" in err["message"]
+    plain = FakeResponse(status=400, chunks=[b"bad things"])
+    async with running(answer(plain)) as (gw, _):
+        ex = await post(gw, COMPLETION).done()
+        assert ex.status == 400 and "bad things" in ex.json()["error"]["message"]
