@@ -119,6 +119,9 @@ def create_app(
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
+        # A path with a trailing slash is a 404 in OpenAI's shape, not a 307 redirect that
+        # clients would follow with a GET or not at all.
+        redirect_slashes=False,
     )
     app.state.gateway = gw
 

@@ -442,3 +442,16 @@ async def test_a_route_the_worker_lacks_gets_an_openai_shaped_error() -> None:
     async with running(answer(plain)) as (gw, _):
         ex = await post(gw, COMPLETION).done()
         assert ex.status == 400 and "bad things" in ex.json()["error"]["message"]
+
+
+async def test_unknown_paths_and_trailing_slashes_are_openai_shaped_404s() -> None:
+    import httpx
+
+    from gateway.app import create_app
+
+    app = create_app(settings(), upstream=FakeUpstream(answer(FakeResponse(chunks=[OK_JSON]))))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+        for path in ("/v1/completions/", "/v1/nothing"):
+            r = await client.post(path, json=COMPLETION)
+            assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
