@@ -7,6 +7,8 @@
     hearthgate bench sweep SCENARIO --targets F --rates 0.5,1,1.5
     hearthgate bench report RAW_DIR                  recompute summary and report from raw
     hearthgate bench crosscheck --url URL            agree with vLLM's own serving benchmark?
+    hearthgate bench fuzz --url URL | --start        generated odd requests: no gateway 5xx
+    hearthgate bench chaos --duration 1200 --kills 2 chaos soak: disconnects, worker kills
 
 SCENARIO is a YAML file or the name of a shipped one (home-mix, noisy-neighbour, rag-burst).
 """
@@ -262,6 +264,60 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    """Generated requests per endpoint through a gateway (``loadtests/fuzz.py``); exit 1 on
+    any gateway-made 5xx, malformed 4xx, bad stream or hang."""
+    try:
+        from loadtests import fuzz
+    except ImportError as err:  # hypothesis is a dev dependency
+        print(f"hearthgate bench fuzz: {err} (pip install -e '.[dev]')", file=sys.stderr)
+        return 2
+    return fuzz.main(args)
+
+
+def _fuzz_args(f: argparse.ArgumentParser) -> None:
+    where = f.add_mutually_exclusive_group(required=True)
+    where.add_argument("--url", help="base URL of a running gateway (without /v1)")
+    where.add_argument(
+        "--start",
+        action="store_true",
+        help="start a vLLM generation worker (core 0), the embeddings worker (core 1) and a "
+        "gateway (core 1) in front of them, on free loopback ports",
+    )
+    f.add_argument("--per-endpoint", type=int, default=10_000, help="requests (%(default)s)")
+    f.add_argument("--seed", type=int, default=1, help="Hypothesis seed (%(default)s)")
+    f.add_argument("--key", help="the valid API key (with --start: fuzz-key unless given)")
+    f.add_argument("--endpoints", default="chat,completions,embeddings")
+    f.add_argument("--concurrency", type=int, default=4, help="sending threads (%(default)s)")
+    f.add_argument("--timeout", type=float, default=60.0, help="a hang after (%(default)s s)")
+    f.add_argument("--slow", type=float, default=10.0, help="list answers slower (%(default)s s)")
+    f.add_argument(
+        "--body-limit",
+        type=int,
+        default=200_000,
+        help="the gateway's limits.max_body_bytes; bodies are sized around it (%(default)s)",
+    )
+    f.add_argument(
+        "--worker-arg",
+        action="append",
+        default=[],
+        help="with --start: a vLLM flag for the generation worker (repeatable; use "
+        "--worker-arg=--flag for flags)",
+    )
+    f.add_argument(
+        "--no-seed-field",
+        action="store_true",
+        help="send no `seed` (vLLM 0.32 on CPU dies on a seeded request whose prefill is split)",
+    )
+    f.add_argument("--gen-model", default="tiny-llama")
+    f.add_argument("--embed-model", default="minilm")
+    f.add_argument("--out", type=Path, help="write the markdown report here")
+    f.add_argument("--failures", type=Path, help="write failing requests as JSON lines")
+    f.add_argument("--client-core", type=int, help="pin the fuzzing process to this core")
+    f.add_argument("--note", action="append", default=[], help="a line for the report")
+    f.add_argument("--no-progress", action="store_true")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hearthgate bench",
@@ -325,6 +381,16 @@ def build_parser() -> argparse.ArgumentParser:
     crosscheck.add_args(x)
     x.set_defaults(func=crosscheck.run)
 
+    ch = sub.add_parser("chaos", help="chaos soak: disconnects at every phase, worker kills")
+    from loadtests import chaos
+
+    chaos.add_args(ch)
+    ch.set_defaults(func=chaos.run)
+
+    fz = sub.add_parser("fuzz", help="generated odd requests through a gateway (issue 11)")
+    _fuzz_args(fz)
+    fz.set_defaults(func=cmd_fuzz)
+
     rep = sub.add_parser("report", help="recompute the summary and report from raw records")
     rep.add_argument("raw_dir", help="folder {out}/raw/{tag} written by run/compare")
     rep.add_argument("--out", type=Path, help="output folder (default: next to raw/)")
@@ -337,7 +403,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `hearthgate bench`; returns the exit code (2 for bad input)."""
     parser = build_parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    args.argv = list(argv)
     if getattr(args, "repeat", 1) < 1:
         parser.error("--repeat must be at least 1")
     try:

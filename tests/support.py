@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,16 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
+
+from deploy.gateway_process import GatewayProcess, free_port, stop_process
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_DIR = REPO / ".run" / "tests"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen[bytes] | None = None) -> None:
@@ -39,39 +32,11 @@ def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen[bytes] | N
     raise TimeoutError(f"{url} did not answer within {timeout} s")
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-
-
 @contextmanager
 def gateway(settings: dict[str, Any], name: str = "gateway") -> Iterator[str]:
     """Run ``hearthgate serve`` as a real process with ``settings``; yield its base URL."""
-    RUN_DIR.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    settings = {**settings, "listen": {"host": "127.0.0.1", "port": port}}
-    cfg = RUN_DIR / f"{name}-{port}.yaml"
-    cfg.write_text(yaml.safe_dump(settings))
-    log = (RUN_DIR / f"{name}-{port}.log").open("wb")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HEARTHGATE_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(url + "/healthz", proc=proc)
-        yield url
-    finally:
-        _stop(proc)
-        log.close()
+    with GatewayProcess(settings, run_dir=RUN_DIR, name=name) as gw:
+        yield gw.url
 
 
 @contextmanager
@@ -98,7 +63,7 @@ def instant_upstream(delay_ms: float = 0.0, args: Sequence[str] = ()) -> Iterato
         wait_http(url + "/health", proc=proc)
         yield url
     finally:
-        _stop(proc)
+        stop_process(proc)
 
 
 def sse_events(text: str) -> list[str]:
