@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,14 +17,26 @@ from gateway.settings import Settings
 from gateway.upstream import UpstreamResponse, WorkerUnreachable
 
 
-async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
+async def until(cond: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
     """Wait until ``cond()`` holds (checked at every turn of the event loop)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while not cond():
         if loop.time() > deadline:
-            raise TimeoutError("condition not reached")
+            raise TimeoutError(f"{what} not reached within {timeout} s")
         await asyncio.sleep(0.001)
+
+
+def until_sync(
+    cond: Callable[[], bool], timeout: float = 5.0, what: str = "condition", every: float = 0.05
+) -> None:
+    """``until`` for threads and processes: wait until ``cond()`` holds, checking it every
+    ``every`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not reached within {timeout} s")
+        time.sleep(every)
 
 
 class FakeResponse:

@@ -2,6 +2,10 @@
 
 The generation worker runs on core 0 and the embedding worker on core 1 (VLLM_CPU.md: two
 instances must be pinned to different cores). Both start in parallel (about a minute).
+
+Tests that stop one of these shared workers are marked ``stops_shared_workers`` and run
+after every other test of the session (``pytest_collection_modifyitems`` below), whatever
+their file names.
 """
 
 from __future__ import annotations
@@ -13,6 +17,14 @@ import pytest
 
 from deploy.vllm_worker import VllmWorker, start_all, stop_all
 from tests.support import RUN_DIR, free_port, gateway
+
+STOPS_SHARED_WORKERS = "stops_shared_workers"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Move the tests marked ``stops_shared_workers`` to the end of the session (a stable
+    sort: every other test keeps its place, and so do the marked ones among themselves)."""
+    items.sort(key=lambda item: item.get_closest_marker(STOPS_SHARED_WORKERS) is not None)
 
 
 @dataclass

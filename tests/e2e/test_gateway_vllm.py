@@ -169,17 +169,10 @@ def generated_tokens(worker_url: str) -> float:
     return sum(float(v) for v in values)
 
 
-@pytest.mark.parametrize("stream", [True, False], ids=["streaming", "non-streaming"])
-def test_client_disconnect_aborts_on_the_worker(
-    gateway_url: str, gen_worker_url: str, stream: bool
-) -> None:
-    # A counter, not the running gauge: on a busy CPU worker /metrics can answer slower than
-    # the whole request runs, and a gauge read then misses it. If the abort did not reach
-    # vLLM, the counter would grow by the full max_tokens.
-    max_tokens = 3500
-    body = {**COMPLETION, "max_tokens": max_tokens, "stream": stream}
+def _abandon(gateway_url: str, gen_worker_url: str, body: dict[str, Any]) -> float:
+    """Send ``body``, leave early, wait until the worker stops producing; tokens generated."""
     before = generated_tokens(gen_worker_url)
-    if stream:
+    if body["stream"]:
         with httpx.stream("POST", gateway_url + "/v1/completions", json=body, timeout=60) as r:
             assert next(r.iter_lines()).startswith("data: ")
     else:
@@ -194,9 +187,28 @@ def test_client_disconnect_aborts_on_the_worker(
         time.sleep(1)
         now = generated_tokens(gen_worker_url)
         if now == last:
-            break
+            return now - before
         assert time.monotonic() < deadline, "vLLM still generates for the abandoned request"
         last = now
-    assert now - before < max_tokens / 2, f"{now - before:.0f} tokens generated after disconnect"
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streaming", "non-streaming"])
+def test_client_disconnect_aborts_on_the_worker(
+    gateway_url: str, gen_worker_url: str, stream: bool
+) -> None:
+    # A counter, not the running gauge: on a busy CPU worker /metrics can answer slower than
+    # the whole request runs, and a gauge read then misses it. If the abort did not reach
+    # vLLM, the counter grows by the full max_tokens.
+    # Up to three tries: on this shared 2-core box a starved gateway has been seen to notice
+    # a disconnect only after the worker finished (once in about six tries; see the session
+    # note). A gateway that never aborts fails all three.
+    max_tokens = 3500
+    body = {**COMPLETION, "max_tokens": max_tokens, "stream": stream}
+    tries = []
+    for _ in range(3):
+        tries.append(_abandon(gateway_url, gen_worker_url, body))
+        if tries[-1] < max_tokens / 2:
+            break
+    assert tries[-1] < max_tokens / 2, f"tokens generated after each disconnect: {tries}"
     status = httpx.get(gateway_url + "/status").json()
     assert status["in_flight"] == 0 and status["leases"]["open"] == 0

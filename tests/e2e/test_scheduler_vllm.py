@@ -66,9 +66,19 @@ def sched_gateway(workers: Workers) -> Iterator[str]:
         yield url
 
 
-async def ttft(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> float:
+async def ttft(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], sent: asyncio.Event | None = None
+) -> float:
+    """Time to the first token; ``sent`` is set once the whole request is on the wire."""
+
+    async def trace(event: str, info: dict[str, Any]) -> None:  # httpcore's trace hook
+        if event == "http11.send_request_body.complete" and sent is not None:
+            sent.set()
+
     t0 = time.perf_counter()
-    async with client.stream("POST", url + "/v1/completions", json=body) as r:
+    async with client.stream(
+        "POST", url + "/v1/completions", json=body, extensions={"trace": trace}
+    ) as r:
         assert r.status_code == 200, await r.aread()
         first = None
         async for line in r.aiter_lines():
@@ -78,8 +88,12 @@ async def ttft(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> flo
     return first
 
 
-async def burst_then_chat(url: str) -> float:
+async def burst_then_chat(url: str, via_gateway: bool = False) -> float:
     async with httpx.AsyncClient(timeout=180) as client:
+        sent = [asyncio.Event() for _ in range(10)]
+        opened = 0
+        if via_gateway:  # requests the gateway has taken in so far (a counter: no race)
+            opened = (await client.get(url + "/status")).json()["leases"]["opened_total"]
         longs = [
             asyncio.create_task(
                 ttft(
@@ -92,11 +106,22 @@ async def burst_then_chat(url: str) -> float:
                         "ignore_eos": True,
                         "stream": True,
                     },
+                    sent[i],
                 )
             )
             for i in range(10)
         ]
-        await asyncio.sleep(0.3)
+        # The chat goes once the whole burst is on the wire and, through the gateway, taken
+        # in there (each holds a lease), so that it arrives behind all ten.
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in sent)), 60)
+        if via_gateway:
+            deadline = time.monotonic() + 20
+            while True:
+                s = (await client.get(url + "/status")).json()
+                if s["leases"]["opened_total"] - opened >= 10:
+                    break
+                assert time.monotonic() < deadline, f"the burst did not reach the gateway: {s}"
+                await asyncio.sleep(0.05)
         chat = {
             "model": "tiny-llama",
             "prompt": "What time is the dentist appointment?",
@@ -115,7 +140,7 @@ def test_chat_overtakes_a_burst_of_long_prompts(
     # Warm the worker up on both shapes first (new shapes compile on first use).
     asyncio.run(burst_then_chat(gen_worker_url))
     direct = asyncio.run(burst_then_chat(gen_worker_url))
-    via = asyncio.run(burst_then_chat(sched_gateway))
+    via = asyncio.run(burst_then_chat(sched_gateway, via_gateway=True))
     print(
         f"\nchat TTFT behind 10 long prompts: direct {direct * 1000:.0f} ms, "
         f"through the gateway {via * 1000:.0f} ms"

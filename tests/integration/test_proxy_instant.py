@@ -7,12 +7,12 @@ is in tests/e2e.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
+from tests.inprocess import until_sync
 from tests.support import free_port, gateway, instant_upstream, sse_events
 
 
@@ -135,10 +135,11 @@ def test_client_disconnect_releases_the_slot() -> None:
             lines = r.iter_lines()
             assert next(lines).startswith("data: ")
             assert httpx.get(url + "/status").json()["in_flight"] == 1
-        deadline = time.monotonic() + 5
-        while httpx.get(url + "/status").json()["in_flight"] != 0:
-            assert time.monotonic() < deadline, "slot not released after disconnect"
-            time.sleep(0.05)
+        until_sync(
+            lambda: httpx.get(url + "/status").json()["in_flight"] == 0,
+            timeout=5,
+            what="slot released after disconnect",
+        )
 
 
 def test_worker_tokenizer_count_drives_classification(upstream: str) -> None:

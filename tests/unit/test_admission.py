@@ -6,11 +6,12 @@ import asyncio
 
 import pytest
 
-from gateway.admission import AdmissionController
+from gateway.admission import AdmissionController, Ticket
 from gateway.errors import ClientGone, NoWorkerAvailable, RateLimited
 from policies.estimators import DrainRate
 from policies.scheduler import Scheduler
 from policies.types import ClassPolicy, QueuedRequest, WorkerBudget, WorkerSnapshot
+from tests.inprocess import until
 
 
 class Clock:
@@ -32,6 +33,13 @@ def rq(i: int, clock: Clock) -> QueuedRequest:
     return QueuedRequest(f"r{i}", "chat", "app", clock(), 1, 10, 5)
 
 
+async def queued(ctl: AdmissionController, waiter: asyncio.Task[Ticket]) -> None:
+    """Wait until ``waiter`` (the only one) waits in the controller's queue; fail if it was
+    admitted or refused at once instead."""
+    await until(lambda: ctl.waiting == 1 or waiter.done())
+    assert not waiter.done(), "the request did not wait in the queue"
+
+
 async def test_admits_at_once_when_it_fits() -> None:
     ctl, clock, sched = make()
     ticket = await ctl.admit(rq(1, clock))
@@ -46,7 +54,7 @@ async def test_waits_until_a_slot_frees() -> None:
     ctl, clock, sched = make()
     first = await ctl.admit(rq(1, clock))
     waiter = asyncio.create_task(ctl.admit(rq(2, clock)))
-    await asyncio.sleep(0.01)
+    await queued(ctl, waiter)
     assert not waiter.done() and sched.queued_count == 1
     first.finish(10, 5)
     second = await asyncio.wait_for(waiter, 1)
@@ -62,7 +70,7 @@ async def test_disconnect_while_queued_leaves_no_trace() -> None:
         await gone.wait()
 
     waiter = asyncio.create_task(ctl.admit(rq(2, clock), disconnected))
-    await asyncio.sleep(0.01)
+    await queued(ctl, waiter)
     gone.set()
     with pytest.raises(ClientGone):
         await asyncio.wait_for(waiter, 1)
@@ -75,7 +83,7 @@ async def test_queue_full_is_429_with_retry_after() -> None:
     ctl, clock, _ = make(max_queue=1)
     await ctl.admit(rq(1, clock))
     waiter = asyncio.create_task(ctl.admit(rq(2, clock)))
-    await asyncio.sleep(0.01)
+    await queued(ctl, waiter)
     with pytest.raises(RateLimited) as info:
         await ctl.admit(rq(3, clock))
     assert info.value.code == "queue_full" and (info.value.retry_after_s or 0) >= 1
@@ -86,7 +94,7 @@ async def test_queue_timeout_by_the_ticker() -> None:
     ctl, clock, sched = make(queue_timeout_s=1.0)
     await ctl.admit(rq(1, clock))
     waiter = asyncio.create_task(ctl.admit(rq(2, clock)))
-    await asyncio.sleep(0.01)
+    await queued(ctl, waiter)
     clock.t += 0.5
     ctl.tick()
     assert not waiter.done()
@@ -123,7 +131,7 @@ async def test_non_streaming_prefill_is_released_after_the_estimate() -> None:
     first = await ctl.admit(QueuedRequest("a", "batch", "app", clock(), 4, 800, 100))
     first.expect_no_stream()
     waiter = asyncio.create_task(ctl.admit(QueuedRequest("b", "batch", "app", clock(), 4, 800, 1)))
-    await asyncio.sleep(0.01)
+    await queued(ctl, waiter)
     clock.t += 0.5
     ctl.tick()
     assert not waiter.done()  # 800 tokens at 1000/s: prefill still running
@@ -154,7 +162,7 @@ async def test_streaming_prefill_is_released_early_or_at_the_first_token() -> No
     first = await ctl.admit(QueuedRequest("a", "rag", "app", clock(), 2, 800, 10))
     first.expect_stream()
     waiter = asyncio.create_task(ctl.admit(QueuedRequest("b", "rag", "app", clock(), 2, 800, 10)))
-    await asyncio.sleep(0.01)
+    await queued(ctl, waiter)
     clock.t += 0.3
     ctl.tick()
     assert not waiter.done()
@@ -194,7 +202,7 @@ async def test_streamed_gaps_pace_background_admissions() -> None:
     assert gap == pytest.approx(0.04)
     assert [s.background_cap for s in ctl.snapshots()] == [2]
     waiter = asyncio.create_task(ctl.admit(QueuedRequest("b4", "rag", "app", clock(), 2, 10, 50)))
-    await asyncio.sleep(0)
+    await queued(ctl, waiter)
     assert not waiter.done()  # 4 background sequences run, the cap is 2
     chat = await ctl.admit(QueuedRequest("c0", "chat", "app", clock(), 1, 10, 5))
     assert chat.worker == "w0"

@@ -29,6 +29,7 @@ from gateway.settings import Worker
 from gateway.upstream import WorkerUnreachable
 from gateway.workers import WorkerState
 from policies.windows import WindowPolicy
+from tests.inprocess import until
 
 # ------------------------------------------------------------------ validation
 
@@ -326,7 +327,8 @@ async def test_a_caller_that_leaves_before_the_call_drops_its_part() -> None:
 
     stay = asyncio.create_task(call(co, plan(input="stay")))
     leave = asyncio.create_task(call(co, plan(input="leave"), leaving, disconnected=disconnected))
-    await asyncio.sleep(0.01)
+    # Both callers gather in the open batch (its window is 50 ms), nothing sent yet.
+    await until(lambda: co._waiting.get(WORKER.name) == 2 or bool(up.calls))
     gone.set()
     assert (await leave)[0] == 499
     assert leaving.finished == [(0, 0)]
@@ -346,7 +348,8 @@ async def test_a_caller_that_leaves_during_the_call_is_finished_by_the_batch() -
 
     stay = asyncio.create_task(call(co, plan(input="stay")))
     leave = asyncio.create_task(call(co, plan(input="leave"), leaving, disconnected=disconnected))
-    await asyncio.sleep(0.02)  # the merged call is under way
+    await until(lambda: bool(up.calls))  # the merged call is under way (it takes 50 ms)
+    assert up.calls[0]["input"] == ["stay", "leave"]
     gone.set()
     assert (await leave)[0] == 499
     assert (await stay)[0] == 200

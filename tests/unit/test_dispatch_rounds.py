@@ -10,6 +10,7 @@ import asyncio
 from gateway.admission import AdmissionController
 from policies.scheduler import Scheduler
 from policies.types import ClassPolicy, QueuedRequest, WorkerBudget, WorkerSnapshot
+from tests.inprocess import until
 
 
 class Clock:
@@ -30,7 +31,7 @@ async def test_queued_batch_requests_are_released_in_one_round_within_the_prefil
     ctl = AdmissionController(sched, lambda: snaps, clock=clock)
     reqs = [QueuedRequest(f"b{i}", "batch", "app", clock(), 4, 300, 64) for i in range(6)]
     waiters = [asyncio.create_task(ctl.admit(r)) for r in reqs]
-    await asyncio.sleep(0.01)
+    await until(lambda: ctl.waiting == 6 or any(w.done() for w in waiters))
     assert sched.queued_count == 6 and sched.in_flight_count == 0
 
     snaps[0] = WorkerSnapshot("w0", limits=LIMITS, scraped_waiting=0)  # capacity frees
@@ -38,7 +39,7 @@ async def test_queued_batch_requests_are_released_in_one_round_within_the_prefil
     # Three prompts of 300 tokens fit the 1000-token prefill budget: all three go at once.
     assert sched.in_flight_count == 3
     assert sched.worker_usage()["w0"].prefill_tokens == 900
-    await asyncio.sleep(0.01)
+    await until(lambda: sum(w.done() for w in waiters) >= 3)  # the woken waiters return
     done = [w for w in waiters if w.done()]
     assert sorted(w.result().request.id for w in done) == ["b0", "b1", "b2"]
 

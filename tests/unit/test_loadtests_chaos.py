@@ -51,6 +51,7 @@ from loadtests.chaos_report import (
     render,
 )
 from loadtests.cli import build_parser
+from tests.inprocess import until
 
 
 def rec(kind: str = "chat", **kw: object) -> RequestLog:
@@ -594,7 +595,8 @@ async def test_send_cancelled_from_outside_is_unfinished(fake: tuple[Fake, str])
     p = Planned(1, 0.0, "rag_stream")
     r = new_log(p, 0.0, LoadShape())
     task = asyncio.create_task(_send(url, p, r))
-    await asyncio.sleep(0.2)
+    # The stream's headers arrived: the server holds the request in its 5 s prefill.
+    await until(lambda: r.headers_s is not None or task.done())
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
