@@ -335,10 +335,11 @@ class AdmissionController:
                 ),
                 "queue_timeout",
             )
-        if self._waiters:
+        snaps = self._snapshots() if self._waiters else ()
+        healthy = {s.name for s in snaps if s.healthy}
+        if len(healthy) < len(snaps):  # the walk below runs only while a worker is down
             # A request none of whose workers is healthy fails now with 503, not at its
             # queue timeout: other models' workers may be up, its own are not.
-            healthy = {s.name for s in self._snapshots() if s.healthy}
             for req_id in list(self._waiters):
                 req = self._requests[req_id]
                 workers = req.workers
