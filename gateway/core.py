@@ -219,6 +219,9 @@ class Gateway:
             c = self.classifier.classify(
                 parsed, app, request.headers.get(CLASS_HEADER), await self.tokens.count(parsed)
             )
+        except ClientGone:
+            self.metrics.count(route, model, 499)
+            return
         except GatewayError as exc:
             self.metrics.count(route, model, exc.status)
             await error_response(exc)(scope, receive, send)

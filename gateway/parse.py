@@ -11,9 +11,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
-from gateway.errors import BadRequest, PayloadTooLarge
+from gateway.errors import BadRequest, ClientGone, PayloadTooLarge
 
 # Integers the gateway reads or forwards must fit a 32-bit signed int, as vLLM's do.
 _MAX_INT = 2**31 - 1
@@ -49,11 +49,14 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise PayloadTooLarge(f"request body is {size} bytes; the limit is {limit} bytes")
     chunks: list[bytes] = []
     total = 0
-    async for chunk in request.stream():
-        total += len(chunk)
-        if total > limit:
-            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            total += len(chunk)
+            if total > limit:
+                raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientGone() from None  # left while uploading: nothing to answer
     return b"".join(chunks)
 
 

@@ -455,3 +455,28 @@ async def test_unknown_paths_and_trailing_slashes_are_openai_shaped_404s() -> No
         for path in ("/v1/completions/", "/v1/nothing"):
             r = await client.post(path, json=COMPLETION)
             assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+
+async def test_a_client_that_leaves_while_uploading_gets_nothing_and_holds_nothing() -> None:
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        if not sent:
+            sent.append({})
+            return {"type": "http.request", "body": b'{"model": "m", ', "more_body": True}
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/completions",
+        "headers": [(b"content-type", b"application/json")],
+        "query_string": b"",
+    }
+    async with running(answer(FakeResponse(chunks=[OK_JSON]))) as (gw, up):
+        await gw.serve(scope, receive, send)
+        assert sent == [{}]  # no response started for a client that left
+        assert idle(gw) and gw.leases.opened == 0 and not up.posts
