@@ -44,14 +44,14 @@ setup: $(VENV)/.stamp $(VLLM_VENV)/.stamp $(TINY_MODEL)/.stamp
 LAYOUT ?= single
 
 run: setup
-	$(VENV)/bin/python -m deploy.run_local --config deploy/settings.example.yaml --layout $(LAYOUT)
+	$(VENV)/bin/python -m hearthgate.deploy.run_local --config deploy/settings.example.yaml --layout $(LAYOUT)
 
 run-split:
 	$(MAKE) run LAYOUT=split
 
 lint: $(VENV)/.stamp
-	$(VENV)/bin/ruff check gateway policies loadtests deploy tests
-	$(VENV)/bin/ruff format --check gateway policies loadtests deploy tests
+	$(VENV)/bin/ruff check hearthgate gateway policies loadtests deploy tests
+	$(VENV)/bin/ruff format --check hearthgate gateway policies loadtests deploy tests
 
 typecheck: $(VENV)/.stamp
 	$(VENV)/bin/mypy
@@ -69,7 +69,7 @@ bench: setup
 	$(VENV)/bin/hearthgate bench compare home-mix --targets local --out loadtests/results
 
 bench-overhead: setup
-	$(VENV)/bin/python -m loadtests.overhead
+	$(VENV)/bin/python -m hearthgate.loadtests.overhead
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(MODELS) .run

@@ -83,7 +83,7 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
 
 
 class GatewayProcess:
-    """One ``python -m gateway.cli serve`` process listening on 127.0.0.1:``port``.
+    """One ``python -m hearthgate.gateway.cli serve`` process listening on 127.0.0.1:``port``.
 
     ``settings`` is the settings mapping (its ``listen`` is replaced). The settings file and
     the log (stdout and stderr) go to ``run_dir/{name}-{port}.yaml|.log``. ``core``: pin the
@@ -128,7 +128,14 @@ class GatewayProcess:
         return self._proc is not None and self._proc.poll() is None
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "gateway.cli", "serve", "--config", str(self.config_path)]
+        return [
+            sys.executable,
+            "-m",
+            "hearthgate.gateway.cli",
+            "serve",
+            "--config",
+            str(self.config_path),
+        ]
 
     def start(self) -> str:
         """Start the gateway and wait until ``/healthz`` answers; return its URL.

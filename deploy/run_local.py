@@ -27,8 +27,15 @@ from urllib.parse import urlparse
 
 import yaml
 
-from deploy.vllm_worker import REPO_ROOT, Kind, VllmWorker, WorkerError, start_all, stop_all
-from gateway.settings import Settings, SettingsError, Worker, load_settings
+from hearthgate.deploy.vllm_worker import (
+    REPO_ROOT,
+    Kind,
+    VllmWorker,
+    WorkerError,
+    start_all,
+    stop_all,
+)
+from hearthgate.gateway.settings import Settings, SettingsError, Worker, load_settings
 
 RUN_DIR = REPO_ROOT / ".run"
 LAYOUTS = {"single": None, "split": REPO_ROOT / "deploy/settings.split.yaml"}
@@ -139,7 +146,7 @@ def base_url(settings: Settings) -> str:
 
 
 def gateway_command(config: str) -> list[str]:
-    return [sys.executable, "-m", "gateway.cli", "serve", "--config", config]
+    return [sys.executable, "-m", "hearthgate.gateway.cli", "serve", "--config", config]
 
 
 def ready_message(settings: Settings, keys: dict[str, str], admin_key: str | None = None) -> str:

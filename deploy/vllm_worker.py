@@ -24,7 +24,7 @@ Usage::
     with running(workers):  # start-up overlaps: about one start-up time for all
         ...
 
-CLI: ``python -m deploy.vllm_worker --kind gen --port 8000 --core 0 --log .run/gen.log
+CLI: ``python -m hearthgate.deploy.vllm_worker --kind gen --port 8000 --core 0 --log .run/gen.log
 [-- extra vllm args]`` runs until Ctrl-C or SIGTERM.
 """
 
@@ -455,6 +455,6 @@ def running(workers: Sequence[VllmWorker], timeout: float = 180.0) -> Iterator[l
 
 
 if __name__ == "__main__":  # the CLI lives in deploy/vllm_worker_cli.py
-    from deploy.vllm_worker_cli import main
+    from hearthgate.deploy.vllm_worker_cli import main
 
     sys.exit(main())

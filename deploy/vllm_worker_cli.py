@@ -1,5 +1,6 @@
-"""``python -m deploy.vllm_worker`` (or ``-m deploy.vllm_worker_cli``): run one CPU vLLM
-worker until Ctrl-C/SIGTERM, printing its URL when ready; arguments after ``--`` go to vLLM."""
+"""``python -m hearthgate.deploy.vllm_worker`` (or ``-m hearthgate.deploy.vllm_worker_cli``):
+run one CPU vLLM worker until Ctrl-C/SIGTERM, printing its URL when ready; arguments after
+``--`` go to vLLM."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 import types
 from collections.abc import Sequence
 
-from deploy.vllm_worker import SERVED_NAMES, VllmWorker, WorkerError
+from hearthgate.deploy.vllm_worker import SERVED_NAMES, VllmWorker, WorkerError
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -33,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cut = args_in.index("--")
         args_in, extra = args_in[:cut], args_in[cut + 1 :]
     parser = argparse.ArgumentParser(
-        prog="python -m deploy.vllm_worker",
+        prog="python -m hearthgate.deploy.vllm_worker",
         description="Run one CPU vLLM worker until Ctrl-C/SIGTERM. "
         "Arguments after `--` are passed to vLLM.",
     )

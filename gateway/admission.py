@@ -19,11 +19,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gateway.errors import ClientGone, GatewayError, NoWorkerAvailable, RateLimited
-from policies.estimators import DrainRate, PrefillRates
-from policies.pacing import DecodePacer, PacingRule
-from policies.scheduler import Scheduler
-from policies.types import QueuedRequest, WorkerSnapshot
+from hearthgate.gateway.errors import ClientGone, GatewayError, NoWorkerAvailable, RateLimited
+from hearthgate.policies.estimators import DrainRate, PrefillRates
+from hearthgate.policies.pacing import DecodePacer, PacingRule
+from hearthgate.policies.scheduler import Scheduler
+from hearthgate.policies.types import QueuedRequest, WorkerSnapshot
 
 log = logging.getLogger("hearthgate.admission")
 

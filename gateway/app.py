@@ -15,9 +15,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-from gateway.auth import AdminGuard, warn_if_anonymous
-from gateway.core import ROUTES, Gateway
-from gateway.errors import (
+from hearthgate.gateway.auth import AdminGuard, warn_if_anonymous
+from hearthgate.gateway.core import ROUTES, Gateway
+from hearthgate.gateway.errors import (
     BadRequest,
     GatewayError,
     InternalError,
@@ -26,8 +26,8 @@ from gateway.errors import (
     NoWorkerAvailable,
     error_response,
 )
-from gateway.settings import Settings
-from gateway.upstream import UpstreamClient
+from hearthgate.gateway.settings import Settings
+from hearthgate.gateway.upstream import UpstreamClient
 
 log = logging.getLogger("hearthgate")
 

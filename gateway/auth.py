@@ -14,8 +14,8 @@ import logging
 import os
 from collections.abc import Mapping
 
-from gateway.errors import Unauthorized
-from gateway.settings import App, Settings, is_loopback
+from hearthgate.gateway.errors import Unauthorized
+from hearthgate.gateway.settings import App, Settings, is_loopback
 
 log = logging.getLogger("hearthgate.auth")
 

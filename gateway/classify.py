@@ -14,10 +14,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gateway.auth import AppKeys, bearer_key
-from gateway.errors import BadRequest, Unauthorized
-from gateway.parse import ParsedRequest
-from gateway.settings import App, Rule, Settings
+from hearthgate.gateway.auth import AppKeys, bearer_key
+from hearthgate.gateway.errors import BadRequest, Unauthorized
+from hearthgate.gateway.parse import ParsedRequest
+from hearthgate.gateway.settings import App, Rule, Settings
 
 CLASS_HEADER = "x-hearthgate-class"
 ANONYMOUS = "anonymous"

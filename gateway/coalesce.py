@@ -45,14 +45,14 @@ from typing import Any, Protocol
 
 from starlette.responses import Response
 
-from gateway.errors import BadRequest, GatewayError, UpstreamFailed
-from gateway.metrics import GatewayMetrics
-from gateway.parse import ParsedRequest
-from gateway.proxy import Result, openai_error_body, read_usage, upstream_body
-from gateway.settings import RequestClass, Settings
-from gateway.upstream import UpstreamClient, WorkerUnreachable
-from gateway.workers import WorkerState
-from policies.windows import ArrivalGaps, BatchView, Load, WindowPolicy, decide
+from hearthgate.gateway.errors import BadRequest, GatewayError, UpstreamFailed
+from hearthgate.gateway.metrics import GatewayMetrics
+from hearthgate.gateway.parse import ParsedRequest
+from hearthgate.gateway.proxy import Result, openai_error_body, read_usage, upstream_body
+from hearthgate.gateway.settings import RequestClass, Settings
+from hearthgate.gateway.upstream import UpstreamClient, WorkerUnreachable
+from hearthgate.gateway.workers import WorkerState
+from hearthgate.policies.windows import ArrivalGaps, BatchView, Load, WindowPolicy, decide
 
 log = logging.getLogger("hearthgate.coalesce")
 

@@ -20,28 +20,28 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from gateway.admission import AdmissionController
-from gateway.classify import ANONYMOUS, CLASS_HEADER, Classification, Classifier
-from gateway.coalesce import Coalescer, client_upstream, mergeable, window_policy
-from gateway.errors import (
+from hearthgate.gateway.admission import AdmissionController
+from hearthgate.gateway.classify import ANONYMOUS, CLASS_HEADER, Classification, Classifier
+from hearthgate.gateway.coalesce import Coalescer, client_upstream, mergeable, window_policy
+from hearthgate.gateway.errors import (
     ClientGone,
     GatewayError,
     ModelNotFound,
     NoWorkerAvailable,
     error_response,
 )
-from gateway.lease import FirstByteTimeout, Lease, LeaseBook, WorkerLost
-from gateway.metrics import GatewayMetrics, SchedulerCollector, WorkerCollector
-from gateway.parse import ParsedRequest, parse_body, read_body
-from gateway.proxy import AnswerBroke, Proxy, Result
-from gateway.scheduling import build_scheduler, pacing_rule
-from gateway.settings import Settings
-from gateway.status import render_status
-from gateway.tokens import token_counter
-from gateway.upstream import AiohttpUpstream, UpstreamClient, WorkerUnreachable
-from gateway.workers import WorkerPool, WorkerState
-from policies.failover import Failure, Retry, next_step
-from policies.types import QueuedRequest
+from hearthgate.gateway.lease import FirstByteTimeout, Lease, LeaseBook, WorkerLost
+from hearthgate.gateway.metrics import GatewayMetrics, SchedulerCollector, WorkerCollector
+from hearthgate.gateway.parse import ParsedRequest, parse_body, read_body
+from hearthgate.gateway.proxy import AnswerBroke, Proxy, Result
+from hearthgate.gateway.scheduling import build_scheduler, pacing_rule
+from hearthgate.gateway.settings import Settings
+from hearthgate.gateway.status import render_status
+from hearthgate.gateway.tokens import token_counter
+from hearthgate.gateway.upstream import AiohttpUpstream, UpstreamClient, WorkerUnreachable
+from hearthgate.gateway.workers import WorkerPool, WorkerState
+from hearthgate.policies.failover import Failure, Retry, next_step
+from hearthgate.policies.types import QueuedRequest
 
 log = logging.getLogger("hearthgate")
 

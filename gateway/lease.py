@@ -34,13 +34,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.types import Receive
 
-from gateway.errors import ClientGone, GatewayError
-from gateway.upstream import UpstreamResponse
-from policies.types import QueuedRequest
+from hearthgate.gateway.errors import ClientGone, GatewayError
+from hearthgate.gateway.upstream import UpstreamResponse
+from hearthgate.policies.types import QueuedRequest
 
 if TYPE_CHECKING:
-    from gateway.admission import AdmissionController, Ticket
-    from gateway.workers import WorkerPool, WorkerState
+    from hearthgate.gateway.admission import AdmissionController, Ticket
+    from hearthgate.gateway.workers import WorkerPool, WorkerState
 
 log = logging.getLogger("hearthgate.lease")
 

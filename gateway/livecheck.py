@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from gateway.settings import Settings, Worker
+from hearthgate.gateway.settings import Settings, Worker
 
 Level = Literal["error", "warning", "note"]
 Policy = Literal["fcfs", "priority"]

@@ -21,7 +21,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from policies.scheduler import Scheduler
+from hearthgate.policies.scheduler import Scheduler
 
 # No `*_created` series: in the text format each counter and histogram child would add a
 # gauge of its creation time, which no dashboard here uses and every scrape pays for.

@@ -13,7 +13,7 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
-from gateway.errors import BadRequest, ClientGone, PayloadTooLarge
+from hearthgate.gateway.errors import BadRequest, ClientGone, PayloadTooLarge
 
 # Integers the gateway reads or forwards must fit a 32-bit signed int, as vLLM's do.
 _MAX_INT = 2**31 - 1

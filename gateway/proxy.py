@@ -25,13 +25,13 @@ import anyio
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from gateway.errors import GatewayError, UpstreamFailed, sse_error_event
-from gateway.lease import Lease, WorkerLost
-from gateway.parse import ParsedRequest
-from gateway.settings import Settings
-from gateway.sse import SseSplitter, StreamObserver
-from gateway.upstream import UpstreamClient, UpstreamResponse, WorkerUnreachable
-from gateway.workers import WorkerPool, WorkerState
+from hearthgate.gateway.errors import GatewayError, UpstreamFailed, sse_error_event
+from hearthgate.gateway.lease import Lease, WorkerLost
+from hearthgate.gateway.parse import ParsedRequest
+from hearthgate.gateway.settings import Settings
+from hearthgate.gateway.sse import SseSplitter, StreamObserver
+from hearthgate.gateway.upstream import UpstreamClient, UpstreamResponse, WorkerUnreachable
+from hearthgate.gateway.workers import WorkerPool, WorkerState
 
 log = logging.getLogger("hearthgate.proxy")
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from gateway.settings import RequestClass, Settings, WorkerLimits
-from policies.pacing import PacingRule
-from policies.routing import RoutingPolicy, RoutingWeights
-from policies.scheduler import Scheduler
-from policies.types import ClassPolicy, TenantPolicy, WorkerBudget
+from hearthgate.gateway.settings import RequestClass, Settings, WorkerLimits
+from hearthgate.policies.pacing import PacingRule
+from hearthgate.policies.routing import RoutingPolicy, RoutingWeights
+from hearthgate.policies.scheduler import Scheduler
+from hearthgate.policies.types import ClassPolicy, TenantPolicy, WorkerBudget
 
 
 def _ms(value: float | None) -> float | None:

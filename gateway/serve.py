@@ -15,7 +15,7 @@ from types import FrameType
 
 import uvicorn
 
-from gateway.core import Gateway
+from hearthgate.gateway.core import Gateway
 
 log = logging.getLogger("hearthgate")
 

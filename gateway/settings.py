@@ -7,6 +7,7 @@ errors, so a typo is reported instead of silently ignored.
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import re
 from pathlib import Path
@@ -38,8 +39,16 @@ class Listen(_Strict):
     # Longer than clients' idle pools (aiohttp 15 s, httpx 5 s): they close first, so a
     # reused connection is never reset under a request.
     keep_alive_s: float = Field(75.0, gt=0)
-    # uvicorn's event loop; asyncio measured lower added TTFT than uvloop at 64 streams
+    # uvicorn's event loop; asyncio measured lower added TTFT than uvloop at 64 streams, so
+    # uvloop is not a dependency ("uvloop" needs `pip install uvloop`).
     loop: Literal["auto", "asyncio", "uvloop"] = "asyncio"
+
+    @field_validator("loop")
+    @classmethod
+    def _loop_installed(cls, v: str) -> str:
+        if v == "uvloop" and importlib.util.find_spec("uvloop") is None:
+            raise ValueError("loop: uvloop is not installed (pip install uvloop), or use asyncio")
+        return v
 
 
 class Limits(_Strict):

@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gateway.admission import AdmissionController
-from gateway.lease import LeaseBook
-from gateway.metrics import GatewayMetrics, percentile
-from gateway.workers import WorkerPool
-from policies.scheduler import Scheduler
+from hearthgate.gateway.admission import AdmissionController
+from hearthgate.gateway.lease import LeaseBook
+from hearthgate.gateway.metrics import GatewayMetrics, percentile
+from hearthgate.gateway.workers import WorkerPool
+from hearthgate.policies.scheduler import Scheduler
 
 
 def render_status(

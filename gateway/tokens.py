@@ -16,10 +16,10 @@ import logging
 import math
 from typing import Any, Protocol
 
-from gateway.parse import ParsedRequest
-from gateway.settings import Tokens
-from gateway.upstream import UpstreamClient
-from gateway.workers import WorkerPool
+from hearthgate.gateway.parse import ParsedRequest
+from hearthgate.gateway.settings import Tokens
+from hearthgate.gateway.upstream import UpstreamClient
+from hearthgate.gateway.workers import WorkerPool
 
 log = logging.getLogger("hearthgate.tokens")
 

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import aiohttp
 
-from gateway.errors import UpstreamFailed
+from hearthgate.gateway.errors import UpstreamFailed
 
 
 class WorkerUnreachable(Exception):

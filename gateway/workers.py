@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.metrics import GatewayMetrics, WorkerRow
-from gateway.scheduling import worker_budget
-from gateway.settings import Health, Worker
-from gateway.upstream import UpstreamClient, WorkerUnreachable
-from policies.types import WorkerSnapshot
+from hearthgate.gateway.metrics import GatewayMetrics, WorkerRow
+from hearthgate.gateway.scheduling import worker_budget
+from hearthgate.gateway.settings import Health, Worker
+from hearthgate.gateway.upstream import UpstreamClient, WorkerUnreachable
+from hearthgate.policies.types import WorkerSnapshot
 
 log = logging.getLogger("hearthgate.workers")
 

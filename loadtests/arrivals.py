@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 
-from loadtests.scenario import (
+from hearthgate.loadtests.scenario import (
     ArrivalSpec,
     ConstantArrival,
     GammaArrival,

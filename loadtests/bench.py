@@ -22,16 +22,16 @@ from typing import Any
 
 import aiohttp
 
-from loadtests import plots
-from loadtests.calibrate import calibrate
-from loadtests.markdown import render
-from loadtests.prompts import Calibration
-from loadtests.records import read_records, read_samples, write_jsonl
-from loadtests.repeats import merge_runs
-from loadtests.report import summarize
-from loadtests.runner import Endpoints, Progress, RunResult, prime, run_workload
-from loadtests.scenario import Scenario, validate_scenario
-from loadtests.workload import PlannedRequest, describe, plan, priming_plan
+from hearthgate.loadtests import plots
+from hearthgate.loadtests.calibrate import calibrate
+from hearthgate.loadtests.markdown import render
+from hearthgate.loadtests.prompts import Calibration
+from hearthgate.loadtests.records import read_records, read_samples, write_jsonl
+from hearthgate.loadtests.repeats import merge_runs
+from hearthgate.loadtests.report import summarize
+from hearthgate.loadtests.runner import Endpoints, Progress, RunResult, prime, run_workload
+from hearthgate.loadtests.scenario import Scenario, validate_scenario
+from hearthgate.loadtests.workload import PlannedRequest, describe, plan, priming_plan
 
 Log = Callable[[str], None]
 
@@ -245,7 +245,7 @@ def write_outputs(
 
 def rebuild(raw_dir: Path) -> tuple[Scenario, dict[str, Any], dict[str, list[TargetOutcome]]]:
     """Re-read a raw folder written by `write_outputs` and recompute its summary."""
-    from loadtests.calibrate import calibration_from_json
+    from hearthgate.loadtests.calibrate import calibration_from_json
 
     meta = json.loads((raw_dir / "scenario.json").read_text())
     scenario = validate_scenario(meta["scenario"], source=str(raw_dir / "scenario.json"))

@@ -16,7 +16,7 @@ from typing import Any
 
 import aiohttp
 
-from loadtests.prompts import WORDS, Calibration, EndpointCalibration, build_text
+from hearthgate.loadtests.prompts import WORDS, Calibration, EndpointCalibration, build_text
 
 _SIZES = (50, 400)
 _MIN_VOCABULARY = 64  # fewer single-token words than this: keep the whole list

@@ -37,11 +37,11 @@ from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 
-from deploy.gateway_process import GatewayProcess, free_port
-from deploy.vllm_worker import VllmWorker, start_all, stop_all
-from loadtests.chaos_client import LoadShape
-from loadtests.chaos_driver import Driver, SoakConfig, soak_settings
-from loadtests.chaos_report import SoakResult, render
+from hearthgate.deploy.gateway_process import GatewayProcess, free_port
+from hearthgate.deploy.vllm_worker import VllmWorker, start_all, stop_all
+from hearthgate.loadtests.chaos_client import LoadShape
+from hearthgate.loadtests.chaos_driver import Driver, SoakConfig, soak_settings
+from hearthgate.loadtests.chaos_report import SoakResult, render
 
 DEFAULT_OUT = Path("loadtests/results/chaos-soak.md")
 __all__ = ["SoakConfig", "add_args", "config_from_args", "run", "run_soak", "soak_settings"]

@@ -19,8 +19,8 @@ from typing import Any
 
 import aiohttp
 
-from loadtests.chaos_outcomes import KIND_PHASES, RequestLog, observed_phase
-from loadtests.prompts import build_text
+from hearthgate.loadtests.chaos_outcomes import KIND_PHASES, RequestLog, observed_phase
+from hearthgate.loadtests.prompts import build_text
 
 GEN_MODEL = "tiny-llama"
 EMBED_MODEL = "minilm"

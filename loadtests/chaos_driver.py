@@ -16,10 +16,17 @@ from typing import Any
 
 import aiohttp
 
-from deploy.gateway_process import GatewayProcess
-from deploy.vllm_worker import REPO_ROOT, VllmWorker, WorkerError
-from loadtests.chaos_client import LoadShape, Planned, kill_burst, new_log, plan_arrivals, send
-from loadtests.chaos_outcomes import (
+from hearthgate.deploy.gateway_process import GatewayProcess
+from hearthgate.deploy.vllm_worker import REPO_ROOT, VllmWorker, WorkerError
+from hearthgate.loadtests.chaos_client import (
+    LoadShape,
+    Planned,
+    kill_burst,
+    new_log,
+    plan_arrivals,
+    send,
+)
+from hearthgate.loadtests.chaos_outcomes import (
     PHASES,
     Check,
     KillEvent,
@@ -36,7 +43,7 @@ from loadtests.chaos_outcomes import (
     parse_vmrss_kb,
     summarize_log,
 )
-from loadtests.chaos_report import SoakResult
+from hearthgate.loadtests.chaos_report import SoakResult
 
 GEN_NAME = "gen0"
 EMBED_NAME = "emb0"

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from loadtests.chaos_outcomes import (
+from hearthgate.loadtests.chaos_outcomes import (
     ACCEPTABLE_WITHOUT_TOKEN,
     GEN_KINDS,
     KINDS,

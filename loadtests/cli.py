@@ -22,12 +22,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loadtests import bench
-from loadtests.markdown import LAG_WARN_S
-from loadtests.matrix import Options, run_matrix
-from loadtests.scenario import Scenario, ScenarioError, load_scenario
-from loadtests.targets import TargetError, TargetsFile, load_targets, url_target
-from loadtests.workload import describe, plan
+from hearthgate.loadtests import bench
+from hearthgate.loadtests.markdown import LAG_WARN_S
+from hearthgate.loadtests.matrix import Options, run_matrix
+from hearthgate.loadtests.scenario import Scenario, ScenarioError, load_scenario
+from hearthgate.loadtests.targets import TargetError, TargetsFile, load_targets, url_target
+from hearthgate.loadtests.workload import describe, plan
 
 DEFAULT_OUT = Path("loadtests/results")
 
@@ -245,7 +245,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from loadtests.sweep import run_sweep
+    from hearthgate.loadtests.sweep import run_sweep
 
     return run_sweep(args)
 
@@ -267,11 +267,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_fuzz(args: argparse.Namespace) -> int:
     """Generated requests per endpoint through a gateway (``loadtests/fuzz.py``); exit 1 on
     any gateway-made 5xx, malformed 4xx, bad stream or hang."""
-    try:
-        from loadtests import fuzz
-    except ImportError as err:  # hypothesis is a dev dependency
-        print(f"hearthgate bench fuzz: {err} (pip install -e '.[dev]')", file=sys.stderr)
-        return 2
+    from hearthgate.loadtests import fuzz  # needs the [bench] extra (hearthgate bench says so)
+
     return fuzz.main(args)
 
 
@@ -376,13 +373,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_sweep)
 
     x = sub.add_parser("crosscheck", help="compare the runner with vLLM's serving benchmark")
-    from loadtests import crosscheck
+    from hearthgate.loadtests import crosscheck
 
     crosscheck.add_args(x)
     x.set_defaults(func=crosscheck.run)
 
     ch = sub.add_parser("chaos", help="chaos soak: disconnects at every phase, worker kills")
-    from loadtests import chaos
+    from hearthgate.loadtests import chaos
 
     chaos.add_args(ch)
     ch.set_defaults(func=chaos.run)

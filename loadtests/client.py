@@ -16,8 +16,8 @@ from typing import Any
 
 import aiohttp
 
-from loadtests.records import RequestRecord, classify_status
-from loadtests.workload import PlannedRequest
+from hearthgate.loadtests.records import RequestRecord, classify_status
+from hearthgate.loadtests.workload import PlannedRequest
 
 Clock = Callable[[], float]
 _ERROR_LIMIT = 300

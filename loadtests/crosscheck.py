@@ -35,11 +35,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loadtests.runner import Endpoints, run_workload
-from loadtests.sampler import worker_values
-from loadtests.scenario import Scenario, validate_scenario
-from loadtests.stats import percentile
-from loadtests.workload import PlannedRequest
+from hearthgate.loadtests.runner import Endpoints, run_workload
+from hearthgate.loadtests.sampler import worker_values
+from hearthgate.loadtests.scenario import Scenario, validate_scenario
+from hearthgate.loadtests.stats import percentile
+from hearthgate.loadtests.workload import PlannedRequest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

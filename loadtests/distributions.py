@@ -91,7 +91,7 @@ class TraceLength(_Model):
         return str(path)
 
     def upper(self) -> int:
-        from loadtests.lengths import trace_column
+        from hearthgate.loadtests.lengths import trace_column
 
         return max(trace_column(self.path, self.column))
 

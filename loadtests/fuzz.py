@@ -38,9 +38,9 @@ from typing import Any
 import httpx
 import hypothesis
 
-from deploy.gateway_process import free_port  # what tests.support.free_port is
-from loadtests.fuzz_cases import ENDPOINTS, Case, generate
-from loadtests.fuzz_judge import (
+from hearthgate.deploy.gateway_process import free_port  # what tests.support.free_port is
+from hearthgate.loadtests.fuzz_cases import ENDPOINTS, Case, generate
+from hearthgate.loadtests.fuzz_judge import (
     WORKER_HEADER,
     Answer,
     Verdict,
@@ -49,8 +49,8 @@ from loadtests.fuzz_judge import (
     judge,
     sse_problem,
 )
-from loadtests.fuzz_report import Tally, render_markdown
-from loadtests.fuzz_values import FuzzConfig, clip
+from hearthgate.loadtests.fuzz_report import Tally, render_markdown
+from hearthgate.loadtests.fuzz_values import FuzzConfig, clip
 
 __all__ = [
     "ENDPOINTS",
@@ -266,7 +266,7 @@ def local_stack(
     """A real vLLM generation worker, the embeddings worker and a gateway in front (through
     ``loadtests.targets.Launcher``), on free loopback ports; yields the gateway's URL.
     ``worker_args``: more vLLM flags for the generation worker."""
-    from loadtests.targets import Launcher, TargetsFile, TargetSpec, WorkerPlacement
+    from hearthgate.loadtests.targets import Launcher, TargetsFile, TargetSpec, WorkerPlacement
 
     spec = TargetsFile(
         gen_worker=WorkerPlacement(port=free_port(), core=gen_core),

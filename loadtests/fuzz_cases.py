@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import strategies as st
 from hypothesis.strategies import DrawFn, SearchStrategy
 
-from loadtests.fuzz_values import (
+from hearthgate.loadtests.fuzz_values import (
     DROP,
     UNKNOWN_FIELDS,
     FuzzConfig,

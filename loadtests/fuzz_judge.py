@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from loadtests.fuzz_cases import Case
-from loadtests.fuzz_values import clip
+from hearthgate.loadtests.fuzz_cases import Case
+from hearthgate.loadtests.fuzz_values import clip
 
 WORKER_HEADER = "x-hearthgate-worker"
 Origin = Literal["gateway", "worker", "none"]

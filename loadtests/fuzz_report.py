@@ -7,9 +7,9 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from loadtests.fuzz_cases import ENDPOINTS, Case
-from loadtests.fuzz_judge import Answer, Verdict
-from loadtests.fuzz_values import clip
+from hearthgate.loadtests.fuzz_cases import ENDPOINTS, Case
+from hearthgate.loadtests.fuzz_judge import Answer, Verdict
+from hearthgate.loadtests.fuzz_values import clip
 
 
 @dataclass

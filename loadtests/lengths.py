@@ -7,7 +7,7 @@ import functools
 import math
 import random
 
-from loadtests.scenario import (
+from hearthgate.loadtests.scenario import (
     FixedLength,
     LengthDist,
     LognormalLength,

@@ -10,12 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from loadtests import bench
-from loadtests.prompts import Calibration
-from loadtests.runner import Endpoints
-from loadtests.scenario import Scenario, ScenarioError
-from loadtests.targets import Launcher, TargetsFile, TargetSpec
-from loadtests.workload import PlannedRequest, plan
+from hearthgate.loadtests import bench
+from hearthgate.loadtests.prompts import Calibration
+from hearthgate.loadtests.runner import Endpoints
+from hearthgate.loadtests.scenario import Scenario, ScenarioError
+from hearthgate.loadtests.targets import Launcher, TargetsFile, TargetSpec
+from hearthgate.loadtests.workload import PlannedRequest, plan
 
 
 @dataclass(frozen=True)

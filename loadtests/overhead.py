@@ -1,7 +1,7 @@
 """Gateway overhead: time to first token added by the gateway, and its CPU per relayed token.
 
-Run: ``make bench-overhead`` (or ``python -m loadtests.overhead``). Each upstream (an instant
-local upstream, and a real CPU vLLM worker unless ``--no-vllm``) is measured directly and
+Run: ``make bench-overhead`` (or ``python -m hearthgate.loadtests.overhead``). Each upstream (an
+instant local upstream, and a real CPU vLLM worker unless ``--no-vllm``) is measured directly and
 through the gateway in alternating blocks within one run, at each concurrency, so both
 sides see the same machine noise. The gateway's CPU time is read from /proc for the
 through-gateway blocks only. Placement: gateway on core 0; client, instant upstream and the
@@ -200,14 +200,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         procs.append(
             _spawn(
-                [sys.executable, "-m", "loadtests.instant_upstream", "--port", str(up_port)],
+                [
+                    sys.executable,
+                    "-m",
+                    "hearthgate.loadtests.instant_upstream",
+                    "--port",
+                    str(up_port),
+                ],
                 OTHER_CORE,
                 RUN / "instant.log",
             )
         )
         vllm_url = None
         if not args.no_vllm:
-            from deploy.vllm_worker import VllmWorker, start_all
+            from hearthgate.deploy.vllm_worker import VllmWorker, start_all
 
             port = _free_port()
             w = VllmWorker("gen", port, OTHER_CORE, RUN / "vllm-gen.log")
@@ -222,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         gw = _spawn(
-            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg)],
+            [sys.executable, "-m", "hearthgate.gateway.cli", "serve", "--config", str(cfg)],
             GATEWAY_CORE,
             RUN / "gateway.log",
         )
@@ -254,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             p.terminate()
             p.wait(10)
         if workers:
-            from deploy.vllm_worker import stop_all
+            from hearthgate.deploy.vllm_worker import stop_all
 
             stop_all(workers)
     result = {

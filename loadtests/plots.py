@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from loadtests.records import RequestRecord, Sample
+from hearthgate.loadtests.records import RequestRecord, Sample
 
 
 def available() -> bool:

@@ -35,10 +35,10 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from loadtests.records import RequestRecord, Sample
-from loadtests.runner import RunResult
-from loadtests.scenario import Scenario, Slo
-from loadtests.stats import jain_index, max_min_fair, mean, percentile
+from hearthgate.loadtests.records import RequestRecord, Sample
+from hearthgate.loadtests.runner import RunResult
+from hearthgate.loadtests.scenario import Scenario, Slo
+from hearthgate.loadtests.stats import jain_index, max_min_fair, mean, percentile
 
 W_IN = 1.0
 W_OUT = 2.0

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from loadtests.client import execute, new_record
-from loadtests.records import RequestRecord, Sample
-from loadtests.sampler import Sampler, Source
-from loadtests.scenario import Scenario
-from loadtests.workload import PlannedRequest
+from hearthgate.loadtests.client import execute, new_record
+from hearthgate.loadtests.records import RequestRecord, Sample
+from hearthgate.loadtests.sampler import Sampler, Source
+from hearthgate.loadtests.scenario import Scenario
+from hearthgate.loadtests.workload import PlannedRequest
 
 Progress = Callable[[int, int], None]
 

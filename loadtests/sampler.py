@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from loadtests.records import Sample
+from hearthgate.loadtests.records import Sample
 
 VLLM_METRICS: tuple[str, ...] = (
     "vllm:num_requests_waiting",

@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from loadtests.distributions import (
+from hearthgate.loadtests.distributions import (
     TAGS,
     ArrivalSpec,
     ConstantArrival,

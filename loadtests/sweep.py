@@ -16,13 +16,13 @@ import datetime as dt
 import json
 from typing import Any
 
-from loadtests import bench, plots
-from loadtests.markdown import _fmt, _table
-from loadtests.matrix import Options, run_matrix
-from loadtests.records import write_jsonl
-from loadtests.repeats import merge_runs
-from loadtests.report import summarize
-from loadtests.scenario import Scenario, ScenarioError
+from hearthgate.loadtests import bench, plots
+from hearthgate.loadtests.markdown import _fmt, _table
+from hearthgate.loadtests.matrix import Options, run_matrix
+from hearthgate.loadtests.records import write_jsonl
+from hearthgate.loadtests.repeats import merge_runs
+from hearthgate.loadtests.report import summarize
+from hearthgate.loadtests.scenario import Scenario, ScenarioError
 
 
 def parse_rates(text: str) -> list[float]:
@@ -202,7 +202,7 @@ def render_sweep(summary: dict[str, Any]) -> str:
 
 
 def run_sweep(args: argparse.Namespace) -> int:
-    from loadtests.cli import _options, _scenario, _targets_for
+    from hearthgate.loadtests.cli import _options, _scenario, _targets_for
 
     base = _scenario(args)
     rates = parse_rates(args.rates)

@@ -33,13 +33,13 @@ from typing import Any, Literal, Protocol
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from loadtests.runner import Endpoints
-from loadtests.scenario import format_validation_error
+from hearthgate.loadtests.runner import Endpoints
+from hearthgate.loadtests.scenario import format_validation_error
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_TARGETS = Path(__file__).parent / "targets"
 # `hearthgate serve` through the current interpreter (the console script may not be installed).
-GATEWAY_COMMAND = [sys.executable, "-m", "gateway.cli", "serve", "--config", "{config}"]
+GATEWAY_COMMAND = [sys.executable, "-m", "hearthgate.gateway.cli", "serve", "--config", "{config}"]
 
 
 class TargetError(RuntimeError):
@@ -230,7 +230,7 @@ class WorkerFactory(Protocol):
 def _vllm_worker(
     kind: str, port: int, core: int | str, log: Path, args: Sequence[str], nice: int = 0
 ) -> Worker:
-    from deploy.vllm_worker import VllmWorker
+    from hearthgate.deploy.vllm_worker import VllmWorker
 
     if kind not in ("gen", "embed"):
         raise ValueError(kind)
@@ -439,7 +439,7 @@ class Launcher:
             part.replace("{config}", str(cfg))
             for part in (
                 target.command
-                or [sys.executable, "-m", "gateway.cli", "serve", "--config", "{config}"]
+                or [sys.executable, "-m", "hearthgate.gateway.cli", "serve", "--config", "{config}"]
             )
         ]
         log_path = self.run_dir / f"gateway-{target.name}.log"

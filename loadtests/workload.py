@@ -12,10 +12,10 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from loadtests.arrivals import arrival_times
-from loadtests.lengths import sample_pair
-from loadtests.prompts import Calibration, build_prompt
-from loadtests.scenario import ENDPOINT_PATHS, Flow, Scenario
+from hearthgate.loadtests.arrivals import arrival_times
+from hearthgate.loadtests.lengths import sample_pair
+from hearthgate.loadtests.prompts import Calibration, build_prompt
+from hearthgate.loadtests.scenario import ENDPOINT_PATHS, Flow, Scenario
 
 
 @dataclass(frozen=True)

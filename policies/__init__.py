@@ -3,9 +3,9 @@
 Standard library only; time comes in as an argument; every decision is deterministic.
 """
 
-from policies.budgets import Verdict, WorkerUsage
-from policies.scheduler import QueueStats, Scheduler
-from policies.types import (
+from hearthgate.policies.budgets import Verdict, WorkerUsage
+from hearthgate.policies.scheduler import QueueStats, Scheduler
+from hearthgate.policies.types import (
     Admission,
     ClassPolicy,
     QueuedRequest,

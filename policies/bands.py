@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from policies.types import ClassPolicy
+from hearthgate.policies.types import ClassPolicy
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from policies.types import WorkerSnapshot
+from hearthgate.policies.types import WorkerSnapshot
 
 
 class Verdict(enum.Enum):

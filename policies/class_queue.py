@@ -5,10 +5,10 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Container, Iterator, Mapping
 
-from policies.fairness.base import FairShare
-from policies.ordering.base import OrderingPolicy, SortKey
-from policies.shedding import is_expired
-from policies.types import ClassPolicy, QueuedRequest
+from hearthgate.policies.fairness.base import FairShare
+from hearthgate.policies.ordering.base import OrderingPolicy, SortKey
+from hearthgate.policies.shedding import is_expired
+from hearthgate.policies.types import ClassPolicy, QueuedRequest
 
 
 def _arrival_key(req: QueuedRequest) -> tuple[float, str]:

@@ -6,9 +6,9 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from policies.budgets import Verdict, WorkerUsage, check
-from policies.routing import DEFAULT_POLICY, RoutingPolicy, scores
-from policies.types import WorkerSnapshot
+from hearthgate.policies.budgets import Verdict, WorkerUsage, check
+from hearthgate.policies.routing import DEFAULT_POLICY, RoutingPolicy, scores
+from hearthgate.policies.types import WorkerSnapshot
 
 
 class Blocked(enum.Enum):

@@ -40,7 +40,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from policies.types import QueuedRequest, WorkerSnapshot
+from hearthgate.policies.types import QueuedRequest, WorkerSnapshot
 
 GENERAL = "general"
 LONG_PREFILL = "long_prefill"

@@ -10,16 +10,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from policies.bands import Backlog, precedence
-from policies.budgets import WorkerLoad, WorkerUsage
-from policies.class_queue import ClassQueue
-from policies.fairness import FAIR_SHARES, FairShareFactory, FairShareParams
-from policies.ordering import ORDERINGS, OrderingPolicy
-from policies.placement import Blocked, place
-from policies.routing import DEFAULT_POLICY, RoutingPolicy, route
-from policies.shares import ShareLedger
-from policies.shedding import check_enqueue
-from policies.types import (
+from hearthgate.policies.bands import Backlog, precedence
+from hearthgate.policies.budgets import WorkerLoad, WorkerUsage
+from hearthgate.policies.class_queue import ClassQueue
+from hearthgate.policies.fairness import FAIR_SHARES, FairShareFactory, FairShareParams
+from hearthgate.policies.ordering import ORDERINGS, OrderingPolicy
+from hearthgate.policies.placement import Blocked, place
+from hearthgate.policies.routing import DEFAULT_POLICY, RoutingPolicy, route
+from hearthgate.policies.shares import ShareLedger
+from hearthgate.policies.shedding import check_enqueue
+from hearthgate.policies.types import (
     Admission,
     ClassPolicy,
     QueuedRequest,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from policies.types import ClassPolicy, QueuedRequest, Rejection
+from hearthgate.policies.types import ClassPolicy, QueuedRequest, Rejection
 
 
 def check_enqueue(

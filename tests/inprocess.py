@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.core import Gateway
-from gateway.errors import UpstreamFailed
-from gateway.settings import Settings
-from gateway.upstream import UpstreamResponse, WorkerUnreachable
+from hearthgate.gateway.core import Gateway
+from hearthgate.gateway.errors import UpstreamFailed
+from hearthgate.gateway.settings import Settings
+from hearthgate.gateway.upstream import UpstreamResponse, WorkerUnreachable
 
 
 async def until(cond: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from deploy.gateway_process import GatewayProcess, free_port, stop_process
+from hearthgate.deploy.gateway_process import GatewayProcess, free_port, stop_process
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_DIR = REPO / ".run" / "tests"
@@ -48,7 +48,7 @@ def instant_upstream(delay_ms: float = 0.0, args: Sequence[str] = ()) -> Iterato
         [
             sys.executable,
             "-m",
-            "loadtests.instant_upstream",
+            "hearthgate.loadtests.instant_upstream",
             "--port",
             str(port),
             "--delay-ms",

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from policies.fairness.base import FairShare, FairShareFactory, FairShareParams
-from policies.fairness.fcfs import FcfsShare
-from policies.fairness.vtc import Vtc
+from hearthgate.policies.fairness.base import FairShare, FairShareFactory, FairShareParams
+from hearthgate.policies.fairness.fcfs import FcfsShare
+from hearthgate.policies.fairness.vtc import Vtc
 
 FAIR_SHARES: Mapping[str, FairShareFactory] = MappingProxyType({"vtc": Vtc, "fcfs": FcfsShare})
 """Every fair-share policy by name; ``ClassPolicy.fair_share`` must be one of these keys."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
 
-from policies.types import QueuedRequest
+from hearthgate.policies.types import QueuedRequest
 
 
 @dataclass(frozen=True, slots=True)

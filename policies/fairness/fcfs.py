@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from policies.fairness.base import FairShareParams
-from policies.types import QueuedRequest
+from hearthgate.policies.fairness.base import FairShareParams
+from hearthgate.policies.types import QueuedRequest
 
 
 class FcfsShare:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from policies.fairness.base import FairShareParams
-from policies.types import QueuedRequest
+from hearthgate.policies.fairness.base import FairShareParams
+from hearthgate.policies.types import QueuedRequest
 
 _UNKNOWN = None  # marker in the undo log: the tenant had no counter before it activated
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from policies.ordering.base import OrderingPolicy, SortKey
-from policies.ordering.edf import Edf, effective_deadline
-from policies.ordering.fcfs import Fcfs
+from hearthgate.policies.ordering.base import OrderingPolicy, SortKey
+from hearthgate.policies.ordering.edf import Edf, effective_deadline
+from hearthgate.policies.ordering.fcfs import Fcfs
 
 ORDERINGS: Mapping[str, OrderingPolicy] = MappingProxyType({"fcfs": Fcfs(), "edf": Edf()})
 """Every ordering policy by name; ``ClassPolicy.ordering`` must be one of these keys."""

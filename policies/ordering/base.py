@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from policies.types import ClassPolicy, QueuedRequest
+from hearthgate.policies.types import ClassPolicy, QueuedRequest
 
 SortKey = tuple[float, float, str]
 """(primary, secondary, request id): smaller goes first; the id makes the order total."""

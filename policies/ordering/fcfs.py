@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.ordering.base import SortKey
-from policies.types import ClassPolicy, QueuedRequest
+from hearthgate.policies.ordering.base import SortKey
+from hearthgate.policies.types import ClassPolicy, QueuedRequest
 
 
 @dataclass(frozen=True, slots=True)

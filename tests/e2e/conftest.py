@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from deploy.vllm_worker import VllmWorker, start_all, stop_all
+from hearthgate.deploy.vllm_worker import VllmWorker, start_all, stop_all
 from tests.support import RUN_DIR, free_port, gateway
 
 STOPS_SHARED_WORKERS = "stops_shared_workers"

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.chaos import SoakConfig, run_soak, write_report
-from loadtests.chaos_client import LoadShape
-from loadtests.chaos_report import render
+from hearthgate.loadtests.chaos import SoakConfig, run_soak, write_report
+from hearthgate.loadtests.chaos_client import LoadShape
+from hearthgate.loadtests.chaos_report import render
 from tests.support import RUN_DIR
 
 pytestmark = pytest.mark.e2e

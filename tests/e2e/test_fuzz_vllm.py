@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadtests.fuzz import FuzzConfig, render_markdown, run
+from hearthgate.loadtests.fuzz import FuzzConfig, render_markdown, run
 
 pytestmark = pytest.mark.e2e
 

@@ -23,7 +23,16 @@ def check_live(tmp_path: Path, workers: list[dict[str, Any]], **extra: Any) -> t
     cfg.write_text(yaml.safe_dump({"workers": workers, **extra}))
     env = {k: v for k, v in os.environ.items() if not k.startswith("HEARTHGATE_")}
     proc = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "check", "--live", "--timeout", "60", str(cfg)],
+        [
+            sys.executable,
+            "-m",
+            "hearthgate.gateway.cli",
+            "check",
+            "--live",
+            "--timeout",
+            "60",
+            str(cfg),
+        ],
         capture_output=True,
         text=True,
         timeout=180,

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 import yaml
 
-from loadtests.cli import main
-from loadtests.records import read_records, read_samples
-from loadtests.scenario import validate_scenario
-from loadtests.workload import plan
+from hearthgate.loadtests.cli import main
+from hearthgate.loadtests.records import read_records, read_samples
+from hearthgate.loadtests.scenario import validate_scenario
+from hearthgate.loadtests.workload import plan
 
 pytestmark = pytest.mark.e2e
 

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from deploy.vllm_worker import VllmWorker, start_all, stop_all
+from hearthgate.deploy.vllm_worker import VllmWorker, start_all, stop_all
 from tests.support import RUN_DIR, free_port, gateway, sse_events
 
 pytestmark = pytest.mark.e2e

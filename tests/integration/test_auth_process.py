@@ -19,9 +19,9 @@ import httpx
 import pytest
 import yaml
 
-from deploy.gateway_process import GatewayProcess, free_port, stop_process
-from deploy.run_local import KEY_VAR, demo_keys, gateway_command, ready_message
-from gateway.settings import Settings, load_settings
+from hearthgate.deploy.gateway_process import GatewayProcess, free_port, stop_process
+from hearthgate.deploy.run_local import KEY_VAR, demo_keys, gateway_command, ready_message
+from hearthgate.gateway.settings import Settings, load_settings
 from tests.support import REPO, RUN_DIR, instant_upstream, wait_http
 
 PLAIN = "the-notes-app-key"
@@ -39,7 +39,7 @@ def _env() -> dict[str, str]:
 
 def _hearthgate(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", *args],
+        [sys.executable, "-m", "hearthgate.gateway.cli", *args],
         capture_output=True,
         text=True,
         env=_env(),

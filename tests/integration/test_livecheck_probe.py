@@ -16,8 +16,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from gateway.livecheck import live_check, probe_worker
-from gateway.settings import Settings, Worker
+from hearthgate.gateway.livecheck import live_check, probe_worker
+from hearthgate.gateway.settings import Settings, Worker
 from tests.support import free_port
 
 Handler = Callable[[web.Request], Any]

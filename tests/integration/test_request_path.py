@@ -14,9 +14,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from gateway.core import Gateway
-from gateway.errors import UpstreamFailed
-from gateway.upstream import UpstreamResponse, WorkerUnreachable
+from hearthgate.gateway.core import Gateway
+from hearthgate.gateway.errors import UpstreamFailed
+from hearthgate.gateway.upstream import UpstreamResponse, WorkerUnreachable
 from tests.inprocess import (
     Exchange,
     FakeResponse,
@@ -447,7 +447,7 @@ async def test_a_route_the_worker_lacks_gets_an_openai_shaped_error() -> None:
 async def test_unknown_paths_and_trailing_slashes_are_openai_shaped_404s() -> None:
     import httpx
 
-    from gateway.app import create_app
+    from hearthgate.gateway.app import create_app
 
     app = create_app(settings(), upstream=FakeUpstream(answer(FakeResponse(chunks=[OK_JSON]))))
     transport = httpx.ASGITransport(app=app)

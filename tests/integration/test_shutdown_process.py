@@ -31,7 +31,7 @@ def test_sigterm_drains_then_cuts_streams_with_an_error_event() -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("HEARTHGATE_")}
         log = (RUN_DIR / f"shutdown-{port}.log").open("wb")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg)],
+            [sys.executable, "-m", "hearthgate.gateway.cli", "serve", "--config", str(cfg)],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,

@@ -6,11 +6,11 @@ import asyncio
 
 import pytest
 
-from gateway.admission import AdmissionController, Ticket
-from gateway.errors import ClientGone, NoWorkerAvailable, RateLimited
-from policies.estimators import DrainRate
-from policies.scheduler import Scheduler
-from policies.types import ClassPolicy, QueuedRequest, WorkerBudget, WorkerSnapshot
+from hearthgate.gateway.admission import AdmissionController, Ticket
+from hearthgate.gateway.errors import ClientGone, NoWorkerAvailable, RateLimited
+from hearthgate.policies.estimators import DrainRate
+from hearthgate.policies.scheduler import Scheduler
+from hearthgate.policies.types import ClassPolicy, QueuedRequest, WorkerBudget, WorkerSnapshot
 from tests.inprocess import until
 
 
@@ -142,7 +142,7 @@ async def test_non_streaming_prefill_is_released_after_the_estimate() -> None:
 
 
 def test_prefill_rate_is_measured_from_long_prompts_only() -> None:
-    from policies.estimators import PrefillRates
+    from hearthgate.policies.estimators import PrefillRates
 
     r = PrefillRates(initial=1000.0, min_tokens=256, alpha=0.5)
     r.observe("w", 100, 1.0)  # too short to say anything
@@ -179,7 +179,7 @@ async def test_streaming_prefill_is_released_early_or_at_the_first_token() -> No
 async def test_streamed_gaps_pace_background_admissions() -> None:
     """Token gaps reported through tickets move the worker's background cap at the ticker,
     and the cap then holds background requests back while interactive ones still pass."""
-    from policies.pacing import PacingRule
+    from hearthgate.policies.pacing import PacingRule
 
     clock = Clock()
     sched = Scheduler(

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import yaml
 
-from deploy.run_local import KEY_VAR, demo_admin_key, demo_keys, ready_message
-from gateway.auth import AdminGuard, AppKeys, bearer_key
-from gateway.classify import Classifier
-from gateway.cli import main as hearthgate
-from gateway.errors import Unauthorized
-from gateway.settings import Settings, SettingsError, is_loopback, load_settings
+from hearthgate.deploy.run_local import KEY_VAR, demo_admin_key, demo_keys, ready_message
+from hearthgate.gateway.auth import AdminGuard, AppKeys, bearer_key
+from hearthgate.gateway.classify import Classifier
+from hearthgate.gateway.cli import main as hearthgate
+from hearthgate.gateway.errors import Unauthorized
+from hearthgate.gateway.settings import Settings, SettingsError, is_loopback, load_settings
 
 REPO = Path(__file__).resolve().parents[2]
 WORKERS = [{"name": "w", "url": "http://127.0.0.1:1", "models": ["m"]}]

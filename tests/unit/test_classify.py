@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from gateway.classify import Classifier
-from gateway.errors import BadRequest, Unauthorized
-from gateway.parse import ParsedRequest, parse_body
-from gateway.settings import Settings, load_settings
-from gateway.tokens import HeuristicCounter
+from hearthgate.gateway.classify import Classifier
+from hearthgate.gateway.errors import BadRequest, Unauthorized
+from hearthgate.gateway.parse import ParsedRequest, parse_body
+from hearthgate.gateway.settings import Settings, load_settings
+from hearthgate.gateway.tokens import HeuristicCounter
 
 WORKERS = [{"name": "w", "url": "http://127.0.0.1:1", "models": ["m"]}]
 ENV = {"ASSISTANT_KEY": "k-assistant", "NOTES_KEY": "k-notes"}

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gateway.coalesce import (
+from hearthgate.gateway.coalesce import (
     Answer,
     Coalescer,
     Plan,
@@ -21,14 +21,14 @@ from gateway.coalesce import (
     mergeable,
     split_answer,
 )
-from gateway.errors import BadRequest, UpstreamFailed
-from gateway.metrics import GatewayMetrics
-from gateway.parse import parse_body
-from gateway.proxy import Result
-from gateway.settings import Worker
-from gateway.upstream import WorkerUnreachable
-from gateway.workers import WorkerState
-from policies.windows import WindowPolicy
+from hearthgate.gateway.errors import BadRequest, UpstreamFailed
+from hearthgate.gateway.metrics import GatewayMetrics
+from hearthgate.gateway.parse import parse_body
+from hearthgate.gateway.proxy import Result
+from hearthgate.gateway.settings import Worker
+from hearthgate.gateway.upstream import WorkerUnreachable
+from hearthgate.gateway.workers import WorkerState
+from hearthgate.policies.windows import WindowPolicy
 from tests.inprocess import until
 
 # ------------------------------------------------------------------ validation

@@ -17,9 +17,9 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from gateway.cli import main as hearthgate
-from gateway.livecheck import check_context
-from gateway.settings import Settings, load_settings
+from hearthgate.gateway.cli import main as hearthgate
+from hearthgate.gateway.livecheck import check_context
+from hearthgate.gateway.settings import Settings, load_settings
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -310,7 +310,12 @@ def test_dockerfile_installs_what_pyproject_declares(pyproject: dict[str, Any]) 
     copied = {a.split()[0].rstrip("/") for op, a in instrs if op == "COPY" and "--from" not in a}
     copied |= {p for op, a in instrs if op == "COPY" and "--from" not in a for p in a.split()[:-1]}
     need = {"pyproject.toml", pyproject["project"]["readme"]}
-    need |= {p.rstrip("*") for p in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
+    roots = {p.rstrip("*") for p in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
+    assert roots == {"hearthgate"}, "one installed name"
+    # hearthgate/ links the top-level folders: the build needs both the links and their targets
+    links = [p for p in (REPO / "hearthgate").iterdir() if p.is_symlink()]
+    assert {p.name for p in links} == {"gateway", "policies", "loadtests", "deploy"}
+    need |= roots | {str(p.resolve().relative_to(REPO)) for p in links}
     assert need <= {p.rstrip("/") for p in copied}
     for pkg in need - {"pyproject.toml", "README.md"}:
         assert (REPO / pkg / "__init__.py").is_file()

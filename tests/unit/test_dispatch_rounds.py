@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.admission import AdmissionController
-from policies.scheduler import Scheduler
-from policies.types import ClassPolicy, QueuedRequest, WorkerBudget, WorkerSnapshot
+from hearthgate.gateway.admission import AdmissionController
+from hearthgate.policies.scheduler import Scheduler
+from hearthgate.policies.types import ClassPolicy, QueuedRequest, WorkerBudget, WorkerSnapshot
 from tests.inprocess import until
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gateway.errors import (
+from hearthgate.gateway.errors import (
     BadRequest,
     GatewayError,
     ModelNotFound,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.livecheck import (
+from hearthgate.gateway.livecheck import (
     Finding,
     ServedModel,
     WorkerFacts,
@@ -25,7 +25,7 @@ from gateway.livecheck import (
     priority_refused,
     vllm_server_port,
 )
-from gateway.settings import Settings, Worker
+from hearthgate.gateway.settings import Settings, Worker
 
 
 def worker(**kw: Any) -> Worker:
@@ -105,7 +105,7 @@ API = ["/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--mo
         ([*API, "--scheduling-policy=priority", "--scheduling-policy", "fcfs"], 8000, "fcfs"),
         (["/usr/bin/vllm", "serve", "m", "--scheduling-policy", "priority"], 8000, "priority"),
         (["vllm", "serve", "--config", "w.yaml", "--port", "9000"], 9000, None),
-        (["python", "-m", "deploy.vllm_worker", "--port", "8000"], None, "fcfs"),
+        (["python", "-m", "hearthgate.deploy.vllm_worker", "--port", "8000"], None, "fcfs"),
         ([*API, "--port", "eighty"], None, "fcfs"),
     ],
 )

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.arrivals import arrival_times
-from loadtests.lengths import sample_length, sample_pair
-from loadtests.scenario import (
+from hearthgate.loadtests.arrivals import arrival_times
+from hearthgate.loadtests.lengths import sample_length, sample_pair
+from hearthgate.loadtests.scenario import (
     ConstantArrival,
     FixedLength,
     GammaArrival,

@@ -12,8 +12,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from loadtests.chaos import SoakConfig, config_from_args, soak_settings
-from loadtests.chaos_client import (
+from hearthgate.loadtests.chaos import SoakConfig, config_from_args, soak_settings
+from hearthgate.loadtests.chaos_client import (
     LoadShape,
     Planned,
     is_token_event,
@@ -23,7 +23,7 @@ from loadtests.chaos_client import (
     request_for,
     send,
 )
-from loadtests.chaos_outcomes import (
+from hearthgate.loadtests.chaos_outcomes import (
     KIND_PHASES,
     Check,
     KillEvent,
@@ -43,14 +43,14 @@ from loadtests.chaos_outcomes import (
     parse_vmrss_kb,
     summarize_log,
 )
-from loadtests.chaos_report import (
+from hearthgate.loadtests.chaos_report import (
     SoakResult,
     disconnect_table,
     outcome_table,
     relation_table,
     render,
 )
-from loadtests.cli import build_parser
+from hearthgate.loadtests.cli import build_parser
 from tests.inprocess import until
 
 
@@ -430,7 +430,7 @@ def test_cli_parses_into_config(tmp_path: Path) -> None:
     assert cfg.kill_times() == [15.0]
     assert SoakConfig(duration_s=300, kills=2).kill_times() == [100.0, 200.0]
     settings = soak_settings("http://127.0.0.1:1", "http://127.0.0.1:2")
-    from gateway.settings import Settings
+    from hearthgate.gateway.settings import Settings
 
     Settings(**settings)  # valid settings
 

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 import yaml
 
-from loadtests.cli import main
-from loadtests.fakeserver import FakeConfig, serve_in_thread
-from loadtests.scenario import load_scenario
-from loadtests.targets import Launcher, TargetError, load_targets
-from loadtests.workload import plan
+from hearthgate.loadtests.cli import main
+from hearthgate.loadtests.fakeserver import FakeConfig, serve_in_thread
+from hearthgate.loadtests.scenario import load_scenario
+from hearthgate.loadtests.targets import Launcher, TargetError, load_targets
+from hearthgate.loadtests.workload import plan
 
 SCENARIO: dict[str, Any] = {
     "name": "cli-test",
@@ -292,7 +292,7 @@ def test_gateway_settings_point_at_started_workers() -> None:
     assert s["workers"][0]["priority_scheduling"] is False
     assert s["log_level"] == "warning"
     # The generated file is a valid gateway settings file.
-    from gateway.settings import Settings
+    from hearthgate.gateway.settings import Settings
 
     Settings.model_validate(s)
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from loadtests import crosscheck
-from loadtests.fakeserver import FakeConfig, serve_in_thread
+from hearthgate.loadtests import crosscheck
+from hearthgate.loadtests.fakeserver import FakeConfig, serve_in_thread
 
 ROWS: list[dict[str, Any]] = [
     {"prompt": "alpha beta gamma", "prompt_len": 3, "output_len": 5, "t": 0.05},

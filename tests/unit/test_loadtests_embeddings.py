@@ -9,24 +9,24 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from gateway.settings import Settings
-from loadtests.bench import scenario_block
-from loadtests.fakeserver import serve
-from loadtests.markdown import render
-from loadtests.records import RequestRecord, Sample
-from loadtests.repeats import merge_runs
-from loadtests.report import (
+from hearthgate.gateway.settings import Settings
+from hearthgate.loadtests.bench import scenario_block
+from hearthgate.loadtests.fakeserver import serve
+from hearthgate.loadtests.markdown import render
+from hearthgate.loadtests.records import RequestRecord, Sample
+from hearthgate.loadtests.repeats import merge_runs
+from hearthgate.loadtests.report import (
     UPSTREAM_CALLS,
     counter_increase,
     embeddings_summary,
     server_summary,
     summarize,
 )
-from loadtests.runner import Endpoints, RunResult, run_workload
-from loadtests.sampler import gateway_values
-from loadtests.scenario import Scenario, load_scenario, validate_scenario
-from loadtests.targets import Launcher, load_targets
-from loadtests.workload import plan
+from hearthgate.loadtests.runner import Endpoints, RunResult, run_workload
+from hearthgate.loadtests.sampler import gateway_values
+from hearthgate.loadtests.scenario import Scenario, load_scenario, validate_scenario
+from hearthgate.loadtests.targets import Launcher, load_targets
+from hearthgate.loadtests.workload import plan
 
 CALLS = UPSTREAM_CALLS + '{model="minilm"}'
 

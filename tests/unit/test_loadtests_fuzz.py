@@ -9,8 +9,8 @@ import h11
 import httpx
 import pytest
 
-from loadtests.cli import build_parser
-from loadtests.fuzz import (
+from hearthgate.loadtests.cli import build_parser
+from hearthgate.loadtests.fuzz import (
     WORKER_HEADER,
     Answer,
     Case,
@@ -25,8 +25,8 @@ from loadtests.fuzz import (
     run,
     sse_problem,
 )
-from loadtests.fuzz_cases import padded
-from loadtests.fuzz_values import Raw, render
+from hearthgate.loadtests.fuzz_cases import padded
+from hearthgate.loadtests.fuzz_values import Raw, render
 
 GOOD_ERROR = {
     "error": {

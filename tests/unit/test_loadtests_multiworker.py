@@ -13,15 +13,21 @@ from typing import Any, ClassVar
 import pytest
 import yaml
 
-from gateway.settings import Settings
-from loadtests.cli import main
-from loadtests.fakeserver import FakeState, serve, serve_in_thread
-from loadtests.matrix import target_info
-from loadtests.runner import Endpoints, prime, run_workload
-from loadtests.sampler import Sampler, Source, combine_workers
-from loadtests.scenario import load_scenario, validate_scenario
-from loadtests.targets import Launcher, TargetError, TargetsFile, TargetSpec, load_targets
-from loadtests.workload import plan, priming_plan
+from hearthgate.gateway.settings import Settings
+from hearthgate.loadtests.cli import main
+from hearthgate.loadtests.fakeserver import FakeState, serve, serve_in_thread
+from hearthgate.loadtests.matrix import target_info
+from hearthgate.loadtests.runner import Endpoints, prime, run_workload
+from hearthgate.loadtests.sampler import Sampler, Source, combine_workers
+from hearthgate.loadtests.scenario import load_scenario, validate_scenario
+from hearthgate.loadtests.targets import (
+    Launcher,
+    TargetError,
+    TargetsFile,
+    TargetSpec,
+    load_targets,
+)
+from hearthgate.loadtests.workload import plan, priming_plan
 
 URLS = {"gen0": "http://127.0.0.1:18210", "gen1": "http://127.0.0.1:18212"}
 
@@ -434,10 +440,10 @@ class _FakeVllm:
 
 @pytest.fixture
 def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[_FakeVllm]]:
-    import deploy.vllm_worker
+    from hearthgate.deploy import vllm_worker
 
     _FakeVllm.started, _FakeVllm.instances = [], []
-    monkeypatch.setattr(deploy.vllm_worker, "VllmWorker", _FakeVllm)
+    monkeypatch.setattr(vllm_worker, "VllmWorker", _FakeVllm)
     yield _FakeVllm
 
 

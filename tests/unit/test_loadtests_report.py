@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from loadtests.records import RequestRecord, classify_status
-from loadtests.repeats import merge_runs
-from loadtests.report import class_summary, fairness, meets_slo, window_tokens
-from loadtests.scenario import Slo
-from loadtests.stats import jain_index, max_min_fair, percentile
+from hearthgate.loadtests.records import RequestRecord, classify_status
+from hearthgate.loadtests.repeats import merge_runs
+from hearthgate.loadtests.report import class_summary, fairness, meets_slo, window_tokens
+from hearthgate.loadtests.scenario import Slo
+from hearthgate.loadtests.stats import jain_index, max_min_fair, percentile
 
 
 def test_percentile_linear_interpolation() -> None:
@@ -212,7 +212,7 @@ def test_merge_repeats_pools_counts_and_takes_medians() -> None:
 
 
 def test_sweep_capacity_and_recommendation() -> None:
-    from loadtests.sweep import capacity, recommend
+    from hearthgate.loadtests.sweep import capacity, recommend
 
     def pts(*atts: float | None) -> list[dict[str, Any]]:
         return [
@@ -233,7 +233,7 @@ def test_sweep_capacity_and_recommendation() -> None:
 
 
 def test_crosscheck_agreement() -> None:
-    from loadtests.crosscheck import compare
+    from hearthgate.loadtests.crosscheck import compare
 
     rounds = [
         {
@@ -255,13 +255,13 @@ def test_crosscheck_agreement() -> None:
 def test_apps_sharing_a_class_get_their_own_numbers_merged_over_runs() -> None:
     from dataclasses import replace as _replace
 
-    from loadtests.bench import scenario_block
-    from loadtests.markdown import render
-    from loadtests.repeats import merge_runs
-    from loadtests.report import summarize
-    from loadtests.runner import RunResult
-    from loadtests.scenario import load_scenario
-    from loadtests.workload import plan
+    from hearthgate.loadtests.bench import scenario_block
+    from hearthgate.loadtests.markdown import render
+    from hearthgate.loadtests.repeats import merge_runs
+    from hearthgate.loadtests.report import summarize
+    from hearthgate.loadtests.runner import RunResult
+    from hearthgate.loadtests.scenario import load_scenario
+    from hearthgate.loadtests.workload import plan
 
     sc = load_scenario("loadtests/scenarios/noisy-neighbour.yaml")
     light = [

@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from loadtests.fakeserver import FakeConfig, serve
-from loadtests.prompts import Calibration, EndpointCalibration
-from loadtests.runner import Endpoints, run_workload
-from loadtests.sampler import gateway_values, parse_prometheus, worker_values
-from loadtests.scenario import Scenario, validate_scenario
-from loadtests.workload import plan, priming_plan
+from hearthgate.loadtests.fakeserver import FakeConfig, serve
+from hearthgate.loadtests.prompts import Calibration, EndpointCalibration
+from hearthgate.loadtests.runner import Endpoints, run_workload
+from hearthgate.loadtests.sampler import gateway_values, parse_prometheus, worker_values
+from hearthgate.loadtests.scenario import Scenario, validate_scenario
+from hearthgate.loadtests.workload import plan, priming_plan
 
 SCENARIO: dict[str, Any] = {
     "name": "unit",
@@ -217,7 +217,7 @@ def test_prometheus_parsing() -> None:
 @pytest.mark.parametrize("stream", [True, False])
 async def test_usage_missing_falls_back_to_chunks(stream: bool) -> None:
     # A server that ignores include_usage: output tokens are counted from chunks.
-    from loadtests.client import execute, new_record
+    from hearthgate.loadtests.client import execute, new_record
 
     sc = scenario()
     req = next(r for r in plan(sc) if r.endpoint == "chat")

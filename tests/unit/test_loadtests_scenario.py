@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from loadtests.scenario import (
+from hearthgate.loadtests.scenario import (
     SHIPPED_DIR,
     FixedLength,
     ScenarioError,

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from gateway.errors import BadRequest
-from gateway.parse import parse_body
+from hearthgate.gateway.errors import BadRequest
+from hearthgate.gateway.parse import parse_body
 
 
 def raw(**body: object) -> bytes:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from policies import ClassPolicy, Scheduler
-from policies.bands import Backlog, precedence
+from hearthgate.policies import ClassPolicy, Scheduler
+from hearthgate.policies.bands import Backlog, precedence
 from tests.unit.test_policies_support import (
     BATCH,
     CHAT,

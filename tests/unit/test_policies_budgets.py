@@ -10,8 +10,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies import Admission, Scheduler, WorkerBudget, WorkerSnapshot
-from policies.budgets import Verdict, WorkerLoad, check
+from hearthgate.policies import Admission, Scheduler, WorkerBudget, WorkerSnapshot
+from hearthgate.policies.budgets import Verdict, WorkerLoad, check
 from tests.unit.test_policies_support import (
     CLASSES,
     OP_CLASSES,

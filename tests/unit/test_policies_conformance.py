@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from policies import ClassPolicy, QueuedRequest, Scheduler, TenantPolicy
-from policies.fairness import FAIR_SHARES, FairShareParams
-from policies.ordering import ORDERINGS, OrderingPolicy
+from hearthgate.policies import ClassPolicy, QueuedRequest, Scheduler, TenantPolicy
+from hearthgate.policies.fairness import FAIR_SHARES, FairShareParams
+from hearthgate.policies.ordering import ORDERINGS, OrderingPolicy
 from tests.unit.test_policies_support import Engine, req, worker
 
 CHAT = ClassPolicy("chat", 1, interactive=True, ttft_s=0.5)

@@ -27,7 +27,7 @@ def test_same_log_same_decisions(log: list[Op], limits: list[Any]) -> None:
 
 SCRIPT = """
 import random
-from policies import WorkerBudget
+from hearthgate.policies import WorkerBudget
 from tests.unit.test_policies_support import _OP_MIX, Op, run_log
 
 rng = random.Random(20240601)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from policies import ClassPolicy, Scheduler
-from policies.ordering import Edf, effective_deadline
+from hearthgate.policies import ClassPolicy, Scheduler
+from hearthgate.policies.ordering import Edf, effective_deadline
 from tests.unit.test_policies_support import req, worker
 
 

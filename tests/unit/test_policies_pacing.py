@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies import Scheduler
-from policies.budgets import Verdict, WorkerLoad, check
-from policies.pacing import DecodePacer, PacingRule
+from hearthgate.policies import Scheduler
+from hearthgate.policies.budgets import Verdict, WorkerLoad, check
+from hearthgate.policies.pacing import DecodePacer, PacingRule
 from tests.unit.test_policies_support import CLASSES, req, worker
 
 RULE = PacingRule(target_gap_s=0.020, interval_s=0.5, decrease=0.5, max_cap=16)

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies import Scheduler, WorkerBudget, WorkerSnapshot
-from policies.placement import place
-from policies.routing import (
+from hearthgate.policies import Scheduler, WorkerBudget, WorkerSnapshot
+from hearthgate.policies.placement import place
+from hearthgate.policies.routing import (
     RoutingPolicy,
     RoutingWeights,
     pick,
@@ -21,7 +21,7 @@ from policies.routing import (
     route,
     scores,
 )
-from policies.types import QueuedRequest
+from hearthgate.policies.types import QueuedRequest
 from tests.unit.test_policies_support import CLASSES, req
 
 POLICY = RoutingPolicy(long_prefill_min_tokens=1000)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies import Rejection, Scheduler, TenantPolicy
+from hearthgate.policies import Rejection, Scheduler, TenantPolicy
 from tests.unit.test_policies_support import (
     CHAT,
     CLASSES,

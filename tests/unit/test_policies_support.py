@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 from hypothesis import Phase, settings
 from hypothesis import strategies as st
 
-from policies import (
+from hearthgate.policies import (
     Admission,
     ClassPolicy,
     QueuedRequest,

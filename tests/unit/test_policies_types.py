@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from policies import ClassPolicy, QueuedRequest, Scheduler, TenantPolicy, WorkerBudget
+from hearthgate.policies import ClassPolicy, QueuedRequest, Scheduler, TenantPolicy, WorkerBudget
 from tests.unit.test_policies_support import CLASSES, req, worker
 
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies import ClassPolicy, Scheduler, TenantPolicy
-from policies.fairness import FairShareParams, Vtc
+from hearthgate.policies import ClassPolicy, Scheduler, TenantPolicy
+from hearthgate.policies.fairness import FairShareParams, Vtc
 from tests.unit.test_policies_support import CHAT, Engine, req, with_, worker
 
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.windows import (
+from hearthgate.policies.windows import (
     ArrivalGaps,
     BatchView,
     Load,

@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import BadRequest
-from gateway.metrics import GatewayMetrics
-from gateway.parse import decode_json, json_depth, parse_body
-from gateway.settings import Health, Settings, Worker
-from gateway.tokens import HeuristicCounter, prompt_chars
-from gateway.workers import WorkerPool
-from policies.estimators import DrainRate
-from policies.failover import Failure, GiveUp, Retry, next_step
+from hearthgate.gateway.errors import BadRequest
+from hearthgate.gateway.metrics import GatewayMetrics
+from hearthgate.gateway.parse import decode_json, json_depth, parse_body
+from hearthgate.gateway.settings import Health, Settings, Worker
+from hearthgate.gateway.tokens import HeuristicCounter, prompt_chars
+from hearthgate.gateway.workers import WorkerPool
+from hearthgate.policies.estimators import DrainRate
+from hearthgate.policies.failover import Failure, GiveUp, Retry, next_step
 from tests.inprocess import FakeResponse, FakeUpstream
 from tests.unit.test_workers import PAGE
 

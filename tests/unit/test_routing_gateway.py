@@ -8,13 +8,13 @@ import json
 import pytest
 from prometheus_client import generate_latest
 
-from gateway.metrics import GatewayMetrics, WorkerCollector
-from gateway.parse import parse_body
-from gateway.proxy import model_swap, swap_model, upstream_body
-from gateway.scheduling import routing_policy
-from gateway.settings import Health, Settings, SettingsError, Worker, load_settings
-from gateway.workers import WorkerPool, WorkerState
-from policies.routing import RoutingPolicy, RoutingWeights
+from hearthgate.gateway.metrics import GatewayMetrics, WorkerCollector
+from hearthgate.gateway.parse import parse_body
+from hearthgate.gateway.proxy import model_swap, swap_model, upstream_body
+from hearthgate.gateway.scheduling import routing_policy
+from hearthgate.gateway.settings import Health, Settings, SettingsError, Worker, load_settings
+from hearthgate.gateway.workers import WorkerPool, WorkerState
+from hearthgate.policies.routing import RoutingPolicy, RoutingWeights
 
 
 def settings(**extra: object) -> Settings:
@@ -137,7 +137,7 @@ def test_worker_metrics_show_role_gauges_and_counts() -> None:
 
 
 def test_run_local_layouts_pin_the_workers() -> None:
-    from deploy.run_local import layout_config, plan_workers
+    from hearthgate.deploy.run_local import layout_config, plan_workers
 
     single = load_settings(layout_config("deploy/settings.example.yaml", "single"))
     assert [(w.kind, w.port, w.core) for w in plan_workers(single)] == [

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.settings import SettingsError, load_settings
+from hearthgate.gateway.settings import SettingsError, load_settings
 
 REPO = Path(__file__).resolve().parents[2]
 MINIMAL = "workers:\n  - {name: w, url: 'http://127.0.0.1:1', models: [m]}\n"
@@ -73,12 +73,12 @@ def test_bad_env_value_names_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 def test_cli_exits_non_zero_with_the_key(tmp_path: Path) -> None:
     bad = write(tmp_path, "listen: {port: abc}\n" + MINIMAL)
-    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(bad)]
+    cmd = [sys.executable, "-m", "hearthgate.gateway.cli", "serve", "--config", str(bad)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "listen.port" in proc.stderr
     ok = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "check", str(write(tmp_path, MINIMAL))],
+        [sys.executable, "-m", "hearthgate.gateway.cli", "check", str(write(tmp_path, MINIMAL))],
         capture_output=True,
         text=True,
         timeout=60,

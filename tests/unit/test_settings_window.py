@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.coalesce import window_policy
-from gateway.settings import SettingsError, load_settings
+from hearthgate.gateway.coalesce import window_policy
+from hearthgate.gateway.settings import SettingsError, load_settings
 
 MINIMAL = "workers:\n  - {name: w, url: 'http://127.0.0.1:1', models: [m]}\n"
 

@@ -7,7 +7,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.sse import SseSplitter, StreamObserver
+from hearthgate.gateway.sse import SseSplitter, StreamObserver
 
 
 def ev(obj: object) -> bytes:
@@ -58,7 +58,7 @@ def test_error_event_is_kept_and_recorded() -> None:
 
 
 def test_fast_path_agrees_with_json_on_vllm_chunks() -> None:
-    from gateway.sse import _fast_token
+    from hearthgate.gateway.sse import _fast_token
 
     compact = [
         b'{"id":"c","choices":[{"index":0,"text":" shar","logprobs":null,"finish_reason":null}]}',

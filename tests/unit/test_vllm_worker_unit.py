@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy.vllm_worker import VllmWorker, WorkerError, find_embed_model
-from deploy.vllm_worker_cli import main
+from hearthgate.deploy.vllm_worker import VllmWorker, WorkerError, find_embed_model
+from hearthgate.deploy.vllm_worker_cli import main
 
 
 def _flag(cmd: list[str], name: str) -> str:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gateway.metrics import GatewayMetrics
-from gateway.settings import Health, Worker
-from gateway.workers import WorkerPool, parse_vllm_gauges
+from hearthgate.gateway.metrics import GatewayMetrics
+from hearthgate.gateway.settings import Health, Worker
+from hearthgate.gateway.workers import WorkerPool, parse_vllm_gauges
 
 PAGE = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
