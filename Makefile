@@ -11,7 +11,7 @@ VLLM_VERSION := 0.32.0
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: help setup run run-split test lint typecheck unit e2e bench bench-overhead clean
+.PHONY: help setup redis-server run run-split test lint typecheck unit e2e bench bench-overhead clean
 
 help:
 	@echo "make run    - set everything up, start vLLM workers and the gateway on :8080"
@@ -37,7 +37,29 @@ $(TINY_MODEL)/.stamp: $(VLLM_VENV)/.stamp deploy/build_tiny_model.py
 	$(VLLM_VENV)/bin/python deploy/build_tiny_model.py --out $(TINY_MODEL)
 	touch $@
 
-setup: $(VENV)/.stamp $(VLLM_VENV)/.stamp $(TINY_MODEL)/.stamp
+# redis-server, the binary only: the tests and `make run` start servers of their own on ports
+# of their own (deploy/redis_server.py). Checked on every run rather than stamped (a command -v
+# costs nothing, and a stamp would outlive an uninstall). Installed from Debian's package when
+# missing (sudo unless root); the system service the package may start (and enable, with
+# systemd) is stopped and disabled again, so nothing we installed stays on :6379.
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+
+redis-server:
+	@set -e; export PATH="$$PATH:/usr/sbin:/sbin"; \
+	if ! command -v redis-server >/dev/null 2>&1; then \
+	  echo "installing redis-server (Debian package redis-server; binary only, no service)"; \
+	  $(SUDO) apt-get update -qq; \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server </dev/null; \
+	  if [ -d /run/systemd/system ]; then \
+	    $(SUDO) systemctl disable --now redis-server >/dev/null 2>&1 || true; \
+	  else \
+	    $(SUDO) service redis-server stop >/dev/null 2>&1 || true; \
+	  fi; \
+	  command -v redis-server >/dev/null 2>&1 || \
+	    { echo "redis-server is still missing after apt-get install" >&2; exit 1; }; \
+	fi
+
+setup: $(VENV)/.stamp $(VLLM_VENV)/.stamp $(TINY_MODEL)/.stamp redis-server
 
 # LAYOUT=split: a general worker (core 0), a long-prefill worker (core 1) and the embedding
 # worker (sharing core 1), from deploy/settings.split.yaml.

@@ -174,6 +174,18 @@ class GatewayProcess:
             self._log = None
         return code
 
+    def kill(self) -> int | None:
+        """SIGKILL, as a crash or the OOM killer would: no drain, nothing flushed."""
+        proc, self._proc = self._proc, None
+        code = None
+        if proc is not None:
+            proc.kill()
+            code = proc.wait(timeout=30)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        return code
+
     def __enter__(self) -> GatewayProcess:
         self.start()
         return self

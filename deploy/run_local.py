@@ -5,6 +5,10 @@ settings file, at the ports their URLs give, then the gateway with a new random 
 every app (unless its ``key_env`` is set already); prints the keys and ready-to-paste
 ``curl`` commands that use them; stops everything it started on Ctrl-C or SIGTERM.
 
+When the settings name no Redis (``redis.url``), a local ``redis-server`` is started for the
+run (``deploy/redis_server.py``: append-only, its data in ``.run/redis``, kept across runs;
+port 6390 unless that is busy) and handed to the gateway as ``HEARTHGATE_REDIS__URL``.
+
 ``--layout split`` (``make run LAYOUT=split``) replaces the workers (and routing) with those
 of ``deploy/settings.split.yaml``: a general worker on core 0, a long-prefill worker on
 core 1, and the embedding worker sharing core 1.
@@ -27,6 +31,8 @@ from urllib.parse import urlparse
 
 import yaml
 
+from hearthgate.deploy.gateway_process import free_port
+from hearthgate.deploy.redis_server import RedisServer, RedisServerError, port_free
 from hearthgate.deploy.vllm_worker import (
     REPO_ROOT,
     Kind,
@@ -39,6 +45,9 @@ from hearthgate.gateway.settings import Settings, SettingsError, Worker, load_se
 
 RUN_DIR = REPO_ROOT / ".run"
 LAYOUTS = {"single": None, "split": REPO_ROOT / "deploy/settings.split.yaml"}
+REDIS_DIR = RUN_DIR / "redis"
+REDIS_PORT = 6390
+REDIS_URL_VAR = "HEARTHGATE_REDIS__URL"
 
 
 class _Stop(Exception):
@@ -106,6 +115,27 @@ def layout_config(config: str, layout: str) -> str:
     return str(out)
 
 
+def configured_redis_url(settings: Settings, environ: dict[str, str]) -> str | None:
+    """The Redis the settings (or ``HEARTHGATE_REDIS__URL``) name; None when there is none.
+    Read defensively: settings without a ``redis`` section have no URL."""
+    url = getattr(getattr(settings, "redis", None), "url", None)
+    return str(url) if url else environ.get(REDIS_URL_VAR) or None
+
+
+def plan_redis(
+    settings: Settings,
+    environ: dict[str, str],
+    *,
+    data_dir: Path = REDIS_DIR,
+    port: int = REDIS_PORT,
+) -> RedisServer | None:
+    """A local Redis for this run when the settings name none (None otherwise): its data in
+    ``data_dir``, on ``port`` unless that is busy, then on a free port. Not started."""
+    if configured_redis_url(settings, environ) is not None:
+        return None
+    return RedisServer(data_dir, port=port if port_free(port) else free_port())
+
+
 KEY_VAR = "HEARTHGATE_KEY"  # the key the printed examples and the README's SDK example use
 
 
@@ -149,13 +179,21 @@ def gateway_command(config: str) -> list[str]:
     return [sys.executable, "-m", "hearthgate.gateway.cli", "serve", "--config", config]
 
 
-def ready_message(settings: Settings, keys: dict[str, str], admin_key: str | None = None) -> str:
+def ready_message(
+    settings: Settings,
+    keys: dict[str, str],
+    admin_key: str | None = None,
+    redis: RedisServer | None = None,
+) -> str:
     """What ``make run`` prints once the gateway is ready: the keys of this run and
-    commands that work when pasted into another terminal as printed."""
+    commands that work when pasted into another terminal as printed; ``redis``: the local
+    Redis started for this run, if any."""
     base = base_url(settings)
     gen = next((w.models[0] for w in settings.workers if w.role != "embeddings"), None)
     emb = next((w.models[0] for w in settings.workers if w.role == "embeddings"), None)
     lines = [f"hearthgate is ready at {base}/v1  (status: {base}/status, metrics: {base}/metrics)"]
+    if redis is not None:
+        lines.append(f"Redis for this run: {redis.url}  (data kept in {redis.data_dir})")
     auth = ""
     if keys:
         by_name = {a.name: a for a in settings.apps}
@@ -221,15 +259,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     RUN_DIR.mkdir(exist_ok=True)
     workers = plan_workers(settings)
+    redis = plan_redis(settings, dict(os.environ))
     gateway: subprocess.Popen[bytes] | None = None
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _on_signal)
     try:
+        if redis is not None:
+            redis.start()
+            print(f"started Redis at {redis.url}; data and log in {redis.data_dir}", flush=True)
         names = ", ".join(f"{w.kind} on :{w.port} (core {w.core})" for w in workers)
         print(f"starting vLLM workers: {names}; this takes about a minute", flush=True)
         print(f"worker logs: {RUN_DIR}/vllm-*.log", flush=True)
         start_all(workers, timeout=300)
         env = dict(os.environ)
+        if redis is not None:
+            env[REDIS_URL_VAR] = redis.url
         keys = demo_keys(settings, env)
         admin = demo_admin_key(settings, env)
         gateway = subprocess.Popen(gateway_command(args.config), env=env)
@@ -246,8 +290,12 @@ def main(argv: list[str] | None = None) -> int:
                     print("the gateway did not become ready in 30 s", file=sys.stderr)
                     return 1
                 time.sleep(0.2)
-        print("\n" + ready_message(settings, keys, admin) + "\n", flush=True)
-        while gateway.poll() is None and all(w.running for w in workers):
+        print("\n" + ready_message(settings, keys, admin, redis) + "\n", flush=True)
+        while (
+            gateway.poll() is None
+            and all(w.running for w in workers)
+            and (redis is None or redis.running)
+        ):
             time.sleep(0.5)
         print("a process exited unexpectedly; stopping the rest", file=sys.stderr)
         return 1
@@ -256,6 +304,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except WorkerError as exc:
         print(f"a vLLM worker failed to start:\n{exc}", file=sys.stderr)
+        return 1
+    except RedisServerError as exc:
+        print(f"the local Redis failed to start:\n{exc}", file=sys.stderr)
         return 1
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -266,7 +317,11 @@ def main(argv: list[str] | None = None) -> int:
                 gateway.wait(10)
             except subprocess.TimeoutExpired:
                 gateway.kill()
-        stop_all(workers)
+        try:
+            stop_all(workers)
+        finally:
+            if redis is not None:
+                redis.stop()  # after the gateway, which may still write to it as it stops
 
 
 if __name__ == "__main__":

@@ -16,6 +16,9 @@ from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
 from hearthgate.gateway.auth import AdminGuard, warn_if_anonymous
+from hearthgate.gateway.batches.api import build_router, owner_name
+from hearthgate.gateway.batches.service import BatchService
+from hearthgate.gateway.batches.service import describe as describe_batches
 from hearthgate.gateway.core import ROUTES, Gateway
 from hearthgate.gateway.errors import (
     BadRequest,
@@ -95,6 +98,7 @@ def create_app(
     gw = Gateway(settings, clock, upstream)
     admin = AdminGuard(settings)
     warn_if_anonymous(settings)
+    batches = BatchService(settings, gw) if settings.redis.url else None
 
     async def operator_only(request: Request) -> None:
         """/status and /metrics: the admin key, or this machine only (gateway.auth)."""
@@ -105,12 +109,20 @@ def create_app(
         """Non-proxy /v1 routes: an app's key whenever apps have keys, as on the proxy."""
         gw.classifier.authenticate(request.headers.get("authorization"))
 
+    def owner_of(request: Request) -> str:
+        app = gw.classifier.authenticate(request.headers.get("authorization"))
+        return owner_name(app.name if app else None, gw.classifier.auth_required)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await gw.start()
+        if batches is not None:
+            await batches.start()
         try:
             yield
         finally:
+            if batches is not None:
+                await batches.stop()
             await gw.stop()
 
     app = FastAPI(
@@ -124,6 +136,8 @@ def create_app(
         redirect_slashes=False,
     )
     app.state.gateway = gw
+    app.state.batches = batches
+    app.include_router(build_router(batches, owner_of, settings.models))
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, exc: GatewayError) -> Response:
@@ -177,7 +191,9 @@ def create_app(
                     "no worker is reachable", retry_after_s=settings.health.retry_after_s
                 )
             )
-        return JSONResponse({"status": "ready", "workers_up": up})
+        # Redis down pauses batches only: the gateway stays ready for live traffic.
+        redis = batches.redis_state() if batches is not None else "not configured"
+        return JSONResponse({"status": "ready", "workers_up": up, "redis": redis})
 
     @app.get("/metrics", dependencies=[Depends(operator_only)])
     async def metrics() -> Response:
@@ -185,6 +201,6 @@ def create_app(
 
     @app.get("/status", dependencies=[Depends(operator_only)])
     async def status() -> JSONResponse:
-        return JSONResponse(gw.status())
+        return JSONResponse({**gw.status(), "batches": describe_batches(batches)})
 
     return app

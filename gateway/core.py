@@ -14,11 +14,12 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from hearthgate.gateway.admission import AdmissionController
 from hearthgate.gateway.classify import ANONYMOUS, CLASS_HEADER, Classification, Classifier
@@ -50,6 +51,23 @@ ROUTES = {
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
 }
+
+
+@dataclass(frozen=True)
+class OnBehalf:
+    """Who a request the gateway makes itself is for: the owning app and the class."""
+
+    app: str
+    cls: str
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What an in-process request got: status, headers (lower-case names) and body."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
 
 
 class Gateway:
@@ -112,6 +130,8 @@ class Gateway:
             clock,
         )
         self.draining = False
+        # App -> [prompt, completion] tokens served since start (kept in Redis when set).
+        self.app_tokens: dict[str, list[int]] = {}
         self._ids = itertools.count()
         self._lag_task: asyncio.Task[None] | None = None
         self._drain_timer: asyncio.TimerHandle | None = None
@@ -195,8 +215,12 @@ class Gateway:
 
     # ------------------------------------------------------------ the request path
 
-    async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Answer one request on a proxy route (the whole ASGI exchange)."""
+    async def serve(
+        self, scope: Scope, receive: Receive, send: Send, *, on_behalf: OnBehalf | None = None
+    ) -> None:
+        """Answer one request on a proxy route (the whole ASGI exchange). ``on_behalf``: a
+        request the gateway makes itself (a batch line) for an app, in a given class; no
+        key is checked and no rule or header chooses the class."""
         route = scope["path"]
         received_at = self.clock()
         model = "other"
@@ -204,7 +228,9 @@ class Gateway:
         try:
             if self.draining:
                 raise self._shutting_down()
-            app = self.classifier.authenticate(request.headers.get("authorization"))
+            app = None
+            if on_behalf is None:
+                app = self.classifier.authenticate(request.headers.get("authorization"))
             lim = self.settings.limits
             raw = await read_body(request, lim.max_body_bytes)
             parsed = parse_body(
@@ -216,9 +242,18 @@ class Gateway:
                     f"The model '{model}' does not exist. "
                     f"Available models: {', '.join(self._models())}"
                 )
-            c = self.classifier.classify(
-                parsed, app, request.headers.get(CLASS_HEADER), await self.tokens.count(parsed)
-            )
+            prompt_tokens = await self.tokens.count(parsed)
+            if on_behalf is None:
+                c = self.classifier.classify(
+                    parsed, app, request.headers.get(CLASS_HEADER), prompt_tokens
+                )
+            else:
+                c = Classification(
+                    on_behalf.app,
+                    on_behalf.cls,
+                    prompt_tokens,
+                    self.classifier.max_tokens(parsed),
+                )
         except ClientGone:
             self.metrics.count(route, model, 499)
             return
@@ -364,10 +399,13 @@ class Gateway:
         m.count(route, model, result.status)
         cls = self.settings.classes[c.cls]
         app = m.app_label(c.app)
+        totals = self.app_tokens.setdefault(c.app, [0, 0])
         if result.prompt_tokens:
             m.class_tokens.labels(c.cls, app, "prompt").inc(result.prompt_tokens)
+            totals[0] += result.prompt_tokens
         if result.completion_tokens:
             m.class_tokens.labels(c.cls, app, "completion").inc(result.completion_tokens)
+            totals[1] += result.completion_tokens
         m.tokens(model, result.prompt_tokens or 0, result.completion_tokens or 0)
         if result.e2e_s is not None:
             m.observe_e2e(route, model, result.e2e_s)
@@ -383,6 +421,57 @@ class Gateway:
         itl_ok = cls.itl_ms is None or mean_gap * 1000 <= cls.itl_ms
         for target, ok in (("ttft", ttft_ok), ("itl", itl_ok), ("both", ttft_ok and itl_ok)):
             m.slo.labels(c.cls, target, "met" if ok else "missed").inc()
+
+    async def call(
+        self, route: str, body: bytes, on_behalf: OnBehalf, stop: asyncio.Event
+    ) -> Answer:
+        """One non-streaming request through the whole request path (classes, fair shares,
+        admission, coalescing, failover), made by the gateway itself. Setting ``stop``
+        acts as the client leaving: the request is withdrawn or aborted upstream."""
+        scope: Scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": route,
+            "raw_path": route.encode(),
+            "query_string": b"",
+            "root_path": "",
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+            "client": None,
+            "server": None,
+        }
+        sent_body = False
+
+        async def receive() -> Message:
+            nonlocal sent_body
+            if not sent_body:
+                sent_body = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await stop.wait()
+            return {"type": "http.disconnect"}
+
+        status = 0
+        headers: dict[str, str] = {}
+        chunks: list[bytes] = []
+
+        async def send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers.update(
+                    (k.decode("latin-1").lower(), v.decode("latin-1"))
+                    for k, v in message.get("headers", [])
+                )
+            elif message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
+
+        await self.serve(scope, receive, send, on_behalf=on_behalf)
+        return Answer(status, headers, b"".join(chunks))
 
     # ------------------------------------------------------------ views
 

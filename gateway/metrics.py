@@ -177,6 +177,19 @@ class GatewayMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
             registry=r,
         )
+        self.batch_lines_finished = Counter(
+            "hearthgate_batch_lines_finished",
+            "Batch lines this gateway ran to an answer (completed: 2xx, failed: other); "
+            "rate() gives lines per second",
+            ["outcome"],
+            registry=r,
+        )
+        self.batches_ended = Counter(
+            "hearthgate_batches_ended",
+            "Batches this gateway ended, by final status",
+            ["status"],
+            registry=r,
+        )
         self.recent_ttft: dict[str, deque[float]] = {}
         self.recent_e2e: dict[str, deque[float]] = {}
         self._window = recent_window

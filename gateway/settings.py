@@ -94,9 +94,34 @@ class WorkerLimits(_Strict):
 
     max_in_flight: int | None = Field(None, ge=1)
     max_in_flight_per_class: dict[str, int] = Field(default_factory=dict)
-    prefill_token_budget: int | None = Field(None, ge=1)
+    # Prompt tokens admitted and not yet past their first token. 4096 with 512 kept for
+    # interactive prompts: at RAG 21 req/s, 3072 held chat but gave fewer background tokens,
+    # 8192 gave 259 tok/s against 427 (loadtests/results/pacing-tune.md).
+    prefill_token_budget: int | None = Field(4096, ge=1)
     interactive_reserved_slots: int = Field(0, ge=0)
-    interactive_reserved_prefill_tokens: int = Field(0, ge=0)
+    interactive_reserved_prefill_tokens: int = Field(512, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reserve_within_budget(cls, data: Any) -> Any:
+        """A smaller budget set by hand keeps background admissible: the default reserve
+        shrinks to an eighth of it."""
+        if isinstance(data, dict) and "interactive_reserved_prefill_tokens" not in data:
+            budget = data.get("prefill_token_budget", 4096)
+            if isinstance(budget, int) and budget < 4096:
+                return {**data, "interactive_reserved_prefill_tokens": budget // 8}
+        return data
+
+    @model_validator(mode="after")
+    def _reserve_below_budget(self) -> WorkerLimits:
+        budget = self.prefill_token_budget
+        if budget is not None and self.interactive_reserved_prefill_tokens >= budget:
+            raise ValueError(
+                "interactive_reserved_prefill_tokens must be below prefill_token_budget, "
+                "or background prompts could never be admitted"
+            )
+        return self
+
     max_scraped_waiting: float | None = Field(None, ge=0)
     max_kv_usage: float | None = Field(None, ge=0, le=1)
 
@@ -112,6 +137,18 @@ class Worker(_Strict):
     # vLLM serves (--served-model-name), when they differ. The gateway rewrites `model` in
     # the body it forwards and back to the logical name in the answer.
     upstream_models: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _embeddings_unbudgeted(cls, data: Any) -> Any:
+        """The prefill budget protects decoding streams: an embeddings worker has none, so
+        by default its coalesced calls are not held to it."""
+        if isinstance(data, dict) and data.get("role") == "embeddings":
+            limits = data.get("limits") or {}
+            if isinstance(limits, dict) and "prefill_token_budget" not in limits:
+                reserve = {"interactive_reserved_prefill_tokens": 0}
+                return {**data, "limits": {"prefill_token_budget": None, **reserve, **limits}}
+        return data
 
     @field_validator("url")
     @classmethod
@@ -324,12 +361,19 @@ class Pacing(_Strict):
     mean gap between tokens there (what every stream on the worker sees) stays under a
     target, adjusted from the gaps the gateway relays."""
 
-    enabled: bool = False
+    # On: it beat every static cap tried, faster streams and more background tokens
+    # (loadtests/results/pacing-tune.md, home-mix-paced-sweep.md, defaults-sweep.md).
+    # Left on with no target to hold (no target_gap_ms, no interactive itl_ms) it stays off.
+    enabled: bool = True
     # The gap to hold; null: target_fraction x the smallest itl_ms of the interactive classes.
     target_gap_ms: float | None = Field(None, gt=0)
-    target_fraction: float = Field(0.4, gt=0, le=1)
+    # 0.3 x 50 ms = 15 ms: at RAG 21 req/s 14 ms beat 20 ms (482 vs 371 tok/s, chat TPOT
+    # 10 vs 15 ms) and matched 10 ms (pacing-tune.md, runs 2 and 3).
+    target_fraction: float = Field(0.3, gt=0, le=1)
     interval_ms: float = Field(500.0, gt=0)  # how often a worker's cap moves
-    max_cap: int = Field(64, ge=1)  # the cap at start and its ceiling
+    # The cap at start and its ceiling: 32 long-prompt sequences in flight gave 427 tok/s
+    # where 64 gave 259 (pacing-tune.md, run 3).
+    max_cap: int = Field(32, ge=1)
 
 
 class Shutdown(_Strict):
@@ -370,6 +414,52 @@ class Routing(_Strict):
     unknown_load: float = Field(1.0, ge=0, le=1)
 
 
+class RedisConfig(_Strict):
+    """Where background jobs (the Batch API) and the fair-share counters are kept."""
+
+    # redis://host:port/db (rediss:// for TLS); null: no Batch API, live traffic only.
+    url: str | None = None
+    key_prefix: str = Field("hearthgate:", min_length=1)
+    # A Redis that does not answer within this counts as down: batches pause, live
+    # traffic goes on, the batch and file endpoints answer 503 with Retry-After.
+    timeout_s: float = Field(2.0, gt=0)
+    # How often each app's fair-share counters are written to Redis (and read at start).
+    fairness_snapshot_s: float = Field(5.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _scheme(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return v
+
+
+class BatchConfig(_Strict):
+    """The OpenAI Batch and Files API (needs ``redis.url``)."""
+
+    # The class every batch line runs in (the lowest band by default: batches fill what
+    # interactive and live background work leave over).
+    class_: str = Field("batch", alias="class")
+    max_lines: int = Field(50_000, ge=1)
+    # Uploaded files live in Redis (replicas share them; append-only persistence keeps them).
+    max_file_bytes: int = Field(100 * 1024 * 1024, ge=1024)
+    # The completion window: OpenAI's "24h". Lines not done by then end as batch_expired.
+    completion_window_s: float = Field(24 * 3600, gt=0)
+    # Files, batches and their results are removed this long after they end (or upload).
+    retention_hours: float = Field(7 * 24, gt=0)
+    # Lines one gateway keeps in its scheduler at a time, over all batches (they wait there
+    # like live requests of their app; the rest wait in Redis).
+    max_waiting: int = Field(64, ge=1)
+    # A line claimed by a gateway that stopped renewing its claim this long ago (killed,
+    # or cut off from Redis) is run again by another gateway, or by this one restarted.
+    claim_timeout_s: float = Field(60.0, gt=0)
+    # The name this gateway claims lines under; null: host name and listen port, so a
+    # restarted gateway takes its own unfinished lines back at once.
+    runner_id: str | None = Field(None, min_length=1)
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
 class Settings(BaseSettings):
     """The whole gateway configuration (see ``deploy/settings.example.yaml``)."""
 
@@ -397,6 +487,8 @@ class Settings(BaseSettings):
     scheduler: Scheduler = Scheduler()
     routing: Routing = Routing()
     shutdown: Shutdown = Shutdown()
+    redis: RedisConfig = RedisConfig()
+    batch: BatchConfig = BatchConfig()
 
     @field_validator("workers")
     @classmethod
@@ -423,6 +515,8 @@ class Settings(BaseSettings):
         for i, rule in enumerate(self.rules):
             if rule.class_ not in known:
                 problems.append(f"rules.{i}.class: unknown class {rule.class_!r}")
+        if "class_" in self.batch.model_fields_set and self.batch.class_ not in known:
+            problems.append(f"batch.class: unknown class {self.batch.class_!r}")
         for w in self.workers:
             for cls in w.limits.max_in_flight_per_class:
                 if cls not in known:
@@ -433,7 +527,12 @@ class Settings(BaseSettings):
         if len(set(names)) != len(names):
             problems.append("apps: app names must be unique")
         pacing = self.scheduler.pacing
-        if pacing.enabled and pacing.target_gap_ms is None and self.pacing_gap_ms() is None:
+        if (
+            "enabled" in pacing.model_fields_set
+            and pacing.enabled
+            and pacing.target_gap_ms is None
+            and self.pacing_gap_ms() is None
+        ):
             problems.append(
                 "scheduler.pacing: set target_gap_ms, or itl_ms on an interactive class"
             )
@@ -471,6 +570,13 @@ class Settings(BaseSettings):
             "deploy/settings.example.yaml), or set `auth: {allow_anonymous: true}` to serve "
             "anyone on the network on purpose"
         )
+
+    def batch_class(self) -> str:
+        """The class batch lines run in: ``batch.class`` if set, else ``batch`` if defined,
+        else the lowest band."""
+        if "class_" in self.batch.model_fields_set or self.batch.class_ in self.classes:
+            return self.batch.class_
+        return max(self.classes, key=lambda name: (self.classes[name].priority, name))
 
     def pacing_gap_ms(self) -> float | None:
         """The token gap decode pacing holds (None: pacing is off or has no target)."""

@@ -4,11 +4,27 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Container, Iterator, Mapping
+from typing import Protocol, runtime_checkable
 
 from hearthgate.policies.fairness.base import FairShare
 from hearthgate.policies.ordering.base import OrderingPolicy, SortKey
 from hearthgate.policies.shedding import is_expired
 from hearthgate.policies.types import ClassPolicy, QueuedRequest
+
+
+@runtime_checkable
+class RestorableFairShare(Protocol):
+    """A fair-share policy whose state survives a restart (``Vtc``, ``FcfsShare``); any
+    other policy starts afresh after ``ClassQueue.restore_fairness``."""
+
+    def snapshot(self) -> dict[str, float]:
+        """Plain data for ``restore``: tenant -> a finite value >= 0."""
+        ...
+
+    def restore(self, state: Mapping[str, float]) -> None:
+        """Replace the state with a ``snapshot`` (values finite and >= 0); nobody may be
+        backlogged."""
+        ...
 
 
 def _arrival_key(req: QueuedRequest) -> tuple[float, str]:
@@ -114,3 +130,17 @@ class ClassQueue:
     def counters(self) -> Mapping[str, float]:
         """The fair-share counters of this class (a copy)."""
         return self._fair.counters()
+
+    def fairness_snapshot(self) -> dict[str, float]:
+        """The fair-share policy's ``snapshot`` (tenant -> value), {} when it keeps none."""
+        fair = self._fair
+        return fair.snapshot() if isinstance(fair, RestorableFairShare) else {}
+
+    def restore_fairness(self, state: Mapping[str, float]) -> None:
+        """Hand ``state`` to the fair-share policy's ``restore`` (ignored by one without).
+        Raises ValueError while requests are queued."""
+        if self._ids:
+            raise ValueError(f"class {self.policy.name}: restore needs an empty queue")
+        fair = self._fair
+        if isinstance(fair, RestorableFairShare):
+            fair.restore(state)

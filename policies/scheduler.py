@@ -7,6 +7,7 @@ reads a clock, sleeps or does I/O, so the same event log always gives the same d
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -38,6 +39,22 @@ class QueueStats:
     tokens: int
     oldest_arrival: float | None
     dispatched_tokens: int
+
+
+FairnessSnapshot = dict[str, dict[str, float]]
+"""Class -> tenant -> weighted tokens the tenant owes above its class's floor (>= 0): the
+fair-share state ``Scheduler.fairness_snapshot`` exports and ``restore_fairness`` reads."""
+
+
+def _amount(value: object) -> float | None:
+    """``value`` as a float if it is an int or float (not a bool), finite and >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an int too large for a float
+        return None
+    return number + 0.0 if math.isfinite(number) and number >= 0 else None
 
 
 @dataclass(slots=True)
@@ -93,6 +110,7 @@ class Scheduler:
             weights[t.name] = t.weight
             if t.max_in_flight is not None:
                 self._tenant_caps[t.name] = t.max_in_flight
+        self._tenant_names = frozenset(weights)
         params = FairShareParams(w_in, w_out, weights, default_tenant_weight)
         self._queues: dict[str, ClassQueue] = {}
         for c in classes:
@@ -351,6 +369,59 @@ class Scheduler:
     def worker_usage(self) -> dict[str, WorkerUsage]:
         """Budget use of every worker seen in a snapshot so far, by name."""
         return {name: self._loads[name].usage() for name in sorted(self._loads)}
+
+    # ------------------------------------------------------------------ persistence
+
+    def fairness_snapshot(self) -> FairnessSnapshot:
+        """The fair-share state as plain JSON-able data, for ``restore_fairness`` after a
+        restart: class -> tenant -> how far the tenant's counter is above its class's floor
+        (weighted tokens, finite, >= 0), every configured class, tenants sorted.
+
+        For VTC the floor is the counter a tenant that becomes backlogged now is lifted to
+        (the smallest backlogged counter, else that of the last tenant to leave the
+        backlog). Only the part above it matters: choices compare counters, and a counter
+        below the floor is lifted to it anyway, so that lag is credit banked while idle,
+        which VTC never grants. FCFS classes keep no state ({}). The scheduler keeps no
+        per-tenant token totals (``tenant_counters`` are weighted); those are the caller's.
+        """
+        return {name: q.fairness_snapshot() for name, q in self._queues.items()}
+
+    def restore_fairness(self, snapshot: object, *, extra_tenants: Iterable[str] = ()) -> None:
+        """Replace the fair-share state with a ``fairness_snapshot`` of an earlier run.
+
+        Call it on a scheduler with nothing queued or in flight (ValueError otherwise),
+        typically right after building it. Each VTC class then behaves exactly as the
+        snapshotted one would have if its backlog had emptied at that moment: floor 0, each
+        tenant's counter its amount above the old floor. A tenant that had consumed more is
+        served after the tenants waiting when it comes back until that difference is made
+        up; a lag below the floor is not restored (VTC's lift bounds it while running too);
+        a tenant missing from the snapshot starts as a new tenant (at the floor). As while
+        running, a tenant that becomes backlogged while only tenants that owe more are
+        waiting is lifted to the smallest of their counters. (A plain copy of the counters
+        would restore no floor: an idle tenant with an old low counter that comes back first
+        would be owed everyone's service since; not restoring gives heavy tenants a fresh
+        start.)
+
+        Classes not configured here, tenants neither configured (``tenants``) nor named in
+        ``extra_tenants`` (say the gateway's anonymous tenant), values that are not finite
+        numbers >= 0 (bools, strings, NaN, inf, negatives) and malformed structure are
+        ignored: the content of ``snapshot`` never raises. Configured classes absent from it
+        start afresh. Weights are not recorded: a tenant whose weight changed keeps its
+        debt in the old weighted tokens.
+        """
+        if self._queued or self._running:
+            raise ValueError("restore_fairness needs a scheduler with nothing queued or in flight")
+        known = self._tenant_names | frozenset(extra_tenants)
+        given = snapshot if isinstance(snapshot, Mapping) else {}
+        for name, q in self._queues.items():
+            raw = given.get(name)
+            state: dict[str, float] = {}
+            if isinstance(raw, Mapping):
+                for tenant, value in raw.items():
+                    amount = _amount(value)
+                    if isinstance(tenant, str) and tenant in known and amount is not None:
+                        state[tenant] = amount
+            q.restore_fairness(state)
 
     def __repr__(self) -> str:
         queued = " ".join(f"{n}={len(q)}" for n, q in self._queues.items() if len(q))

@@ -42,3 +42,11 @@ class FcfsShare:
     def counters(self) -> Mapping[str, float]:
         """A copy of every known counter."""
         return dict(self._counter)
+
+    def snapshot(self) -> dict[str, float]:
+        """Nothing: arrival order keeps no fair-share state to carry over a restart (the
+        counters are for the metrics and start again from zero)."""
+        return {}
+
+    def restore(self, state: Mapping[str, float]) -> None:
+        """Ignores ``state`` (see ``snapshot``); a class switched from VTC keeps no debts."""

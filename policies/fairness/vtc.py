@@ -3,6 +3,7 @@ Models", OSDI 2024)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from hearthgate.policies.fairness.base import FairShareParams
@@ -18,6 +19,8 @@ class Vtc:
     backlogged is lifted to the smallest counter among the backlogged tenants (or, when none
     is backlogged, to the counter of the tenant that left the backlog last), so idling banks
     no credit. Ties go to the earlier head request (arrival, then id).
+
+    ``snapshot``/``restore`` carry the state across a restart: see ``snapshot``.
     """
 
     def __init__(self, params: FairShareParams) -> None:
@@ -80,3 +83,47 @@ class Vtc:
     def counters(self) -> Mapping[str, float]:
         """A copy of every known counter."""
         return dict(self._counter)
+
+    def _floor(self) -> float:
+        # What a tenant becoming backlogged now is lifted to (if below): the smallest
+        # backlogged counter, else the counter of the last to leave the backlog, else 0.
+        if self._backlogged:
+            return min(self._counter[t] for t in self._backlogged)
+        return self._last_left if self._last_left is not None else 0.0
+
+    def snapshot(self) -> dict[str, float]:
+        """Each known tenant's counter above the floor (0 when at or below it), by tenant.
+
+        Only this part carries over a restart. VTC's choices depend on differences of
+        counters only, and a counter below the floor is lifted to it as the tenant becomes
+        backlogged, so a lag below the floor is credit banked while idle, which VTC never
+        grants. The part above it is service the tenant still owes the others (typically
+        output charged after it left the backlog) and is kept to the token.
+        """
+        floor = self._floor()
+        return {t: max(c - floor, 0.0) + 0.0 for t, c in sorted(self._counter.items())}
+
+    def restore(self, state: Mapping[str, float]) -> None:
+        """Replace every account with ``state`` (a ``snapshot``: tenant -> counter above the
+        floor, finite and >= 0) at floor 0, with nobody backlogged.
+
+        This is the state the snapshotted VTC would reach if its backlog emptied at once and
+        the tenant that left last sat at the floor: a returning tenant is lifted to
+        ``max(own, 0)``, or to the smallest backlogged counter, exactly as before the
+        restart. So a tenant that owed service still owes the same amount to whoever is
+        backlogged when it comes back, an idle one gains nothing, and a tenant absent from
+        ``state`` starts as any new tenant does. As while running, the debt is owed only to
+        tenants that are waiting when the debtor comes back: one that becomes backlogged
+        while only more indebted tenants are is lifted to the smallest of their counters.
+
+        Raises ValueError while a tenant is backlogged or for a value that is not a finite
+        number >= 0 (``Scheduler.restore_fairness`` filters those out first).
+        """
+        if self._backlogged:
+            raise ValueError("restore needs an empty backlog")
+        for tenant, value in state.items():
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"tenant {tenant}: counter {value!r} is not finite and >= 0")
+        self._counter = {t: float(v) + 0.0 for t, v in state.items()}
+        self._undo.clear()
+        self._last_left = 0.0

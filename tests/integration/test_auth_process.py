@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from hearthgate.deploy.gateway_process import GatewayProcess, free_port, stop_process
+from hearthgate.deploy.redis_server import RedisServer
 from hearthgate.deploy.run_local import KEY_VAR, demo_keys, gateway_command, ready_message
 from hearthgate.gateway.settings import Settings, load_settings
 from tests.support import REPO, RUN_DIR, instant_upstream, wait_http
@@ -143,10 +144,11 @@ def test_hashed_app_key_authenticates_with_the_plain_key(keyed_gateway: str) -> 
 
 
 @pytest.fixture(scope="module")
-def make_run_gateway() -> Iterator[tuple[Settings, str]]:
+def make_run_gateway(redis_server: RedisServer) -> Iterator[tuple[Settings, str]]:
     """deploy/settings.example.yaml with its workers replaced by the instant upstream and a
-    free port, served by run_local's command with run_local's generated keys; yields the
-    settings and what run_local prints once the gateway is ready."""
+    free port, served by run_local's command with run_local's generated keys and a Redis
+    (as `make run` starts one); yields the settings and what run_local prints once the
+    gateway is ready."""
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     with instant_upstream() as upstream:
         data: dict[str, Any] = yaml.safe_load((REPO / "deploy/settings.example.yaml").read_text())
@@ -154,6 +156,8 @@ def make_run_gateway() -> Iterator[tuple[Settings, str]]:
         data["listen"]["port"] = port
         for w in data["workers"]:
             w["url"] = upstream
+        data["redis"]["url"] = redis_server.url
+        data["redis"]["key_prefix"] = f"make-run-{port}:"
         cfg = RUN_DIR / f"make-run-{port}.yaml"
         cfg.write_text(yaml.safe_dump(data, sort_keys=False))
         settings = load_settings(cfg)
@@ -234,3 +238,31 @@ def test_readme_sdk_example_works_against_make_run(
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("t0 t1 "), out.stdout
+
+
+def test_readme_batch_example_works_against_make_run(
+    make_run_gateway: tuple[Settings, str],
+) -> None:
+    settings, message = make_run_gateway
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Background jobs") :]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None and "client.batches.create" in code[1]
+    program = (
+        code[1]
+        .replace(":8080/", f":{settings.listen.port}/")
+        .replace("time.sleep(2)", "time.sleep(0.2)")
+    )
+    export = next(c for c in _printed_commands(message) if c.startswith("export "))
+    key = export.split("=", 1)[1]
+    out = subprocess.run(
+        [sys.executable, "-c", program],
+        capture_output=True,
+        text=True,
+        env={**_env(), KEY_VAR: key},
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    printed = out.stdout.splitlines()
+    assert [p.split(" ", 1)[0] for p in printed] == [f"note-{i}" for i in range(100)]
+    assert all(p.split(" ", 1)[1].startswith("t0 ") for p in printed), printed[:3]

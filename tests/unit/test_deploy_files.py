@@ -134,8 +134,21 @@ def test_healthchecks(services: dict[str, Any]) -> None:
 
 def test_start_order(services: dict[str, Any]) -> None:
     healthy = {"condition": "service_healthy"}
-    assert services["gateway"]["depends_on"] == {"vllm-gen": healthy, "vllm-embed": healthy}
+    assert services["gateway"]["depends_on"] == {
+        "vllm-gen": healthy,
+        "vllm-embed": healthy,
+        "redis": {"condition": "service_started"},  # live traffic does not wait for Redis
+    }
     assert services["vllm-embed"]["depends_on"] == {"vllm-gen": healthy}
+
+
+def test_gateway_settings_name_the_redis_service(services: dict[str, Any]) -> None:
+    cfg = yaml.safe_load((DEPLOY / "settings.compose.yaml").read_text())
+    url = urlsplit(cfg["redis"]["url"])
+    assert url.scheme == "redis" and url.hostname == "redis" and url.port == 6379
+    assert "redis" in services
+    command = services["redis"]["command"]
+    assert command[command.index("--appendonly") + 1] == "yes"
 
 
 def test_workers_share_one_gpu(services: dict[str, Any]) -> None:
