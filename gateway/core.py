@@ -120,6 +120,7 @@ class Gateway:
         self.leases = LeaseBook()
         self.pool.on_change = self.admission.pump
         self.pool.on_down = self._worker_down
+        self.pool.on_prefill = self.admission.prefill_rates.observe
         self.proxy = Proxy(self.client, self.pool, settings, clock)
         self.coalescer = Coalescer(  # embeddings batching (gateway/coalesce.py)
             client_upstream(self.client, settings),

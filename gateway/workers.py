@@ -53,8 +53,16 @@ _GAUGES = {
 }
 
 
-_PREFIXES = tuple(sorted(_GAUGES))
-_GAUGE_IN = re.compile(r"^# (?:HELP|TYPE) (?:" + "|".join(map(re.escape, _GAUGES)) + r")[ _]")
+# Histograms whose sums give the per-request prefill speed of finished requests, streamed
+# or not (the gateway sees first tokens of streams only).
+PROMPT_SUM = "vllm:request_prompt_tokens_sum"
+PREFILL_SUM = "vllm:request_prefill_time_seconds_sum"
+_SUMS = {"vllm:request_prompt_tokens", "vllm:request_prefill_time_seconds"}
+
+_PREFIXES = tuple(sorted(_GAUGES | _SUMS))
+_GAUGE_IN = re.compile(
+    r"^# (?:HELP|TYPE) (?:" + "|".join(map(re.escape, _GAUGES | _SUMS)) + r")[ _]"
+)
 
 
 def parse_vllm_gauges(text: str) -> dict[str, float]:
@@ -68,6 +76,11 @@ def parse_vllm_gauges(text: str) -> dict[str, float]:
     )
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(wanted):
+        if family.name in _SUMS:
+            for sample in family.samples:
+                if sample.name == family.name + "_sum":
+                    out[sample.name] = out.get(sample.name, 0.0) + sample.value
+            continue
         if family.name not in _GAUGES:
             continue
         for sample in family.samples:
@@ -97,6 +110,9 @@ class WorkerPool:
         self.on_change: Callable[[], None] | None = None  # health changed: re-run admission
         # A worker went down: cut the requests on it (they fail over or end with an error).
         self.on_down: Callable[[WorkerState, str], None] | None = None
+        # Prompt tokens and the prefill seconds they took, of the requests a worker finished
+        # since the last scrape (from its vLLM histograms): feeds the prefill speed estimate.
+        self.on_prefill: Callable[[str, int, float], None] | None = None
         self._health = health
         self._metrics = metrics
         self._clock = clock
@@ -233,8 +249,13 @@ class WorkerPool:
         except Exception as exc:
             log.debug("scraping %s failed: %r", worker.name, exc)
             return
+        old = worker.gauges
         worker.gauges = gauges
         worker.scraped_at = self._clock()
+        tokens = gauges.get(PROMPT_SUM, 0.0) - old.get(PROMPT_SUM, 0.0)
+        seconds = gauges.get(PREFILL_SUM, 0.0) - old.get(PREFILL_SUM, 0.0)
+        if self.on_prefill is not None and PROMPT_SUM in old and tokens > 0 and seconds > 0:
+            self.on_prefill(worker.name, int(tokens), seconds)
 
     def refresh_gauges(self) -> None:
         """Expose scraped values to the scheduler only while they are fresh."""

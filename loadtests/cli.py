@@ -9,6 +9,8 @@
     hearthgate bench crosscheck --url URL            agree with vLLM's own serving benchmark?
     hearthgate bench fuzz --url URL | --start        generated odd requests: no gateway 5xx
     hearthgate bench chaos --duration 1200 --kills 2 chaos soak: disconnects, worker kills
+    hearthgate bench batch [--lines 5000]            Batch API: interactive attainment with and
+                                                     without a batch, batch lines/s vs vLLM
 
 SCENARIO is a YAML file or the name of a shipped one (home-mix, noisy-neighbour, rag-burst).
 """
@@ -383,6 +385,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     chaos.add_args(ch)
     ch.set_defaults(func=chaos.run)
+
+    bt = sub.add_parser(
+        "batch", help="Batch API with real vLLM and Redis: attainment with a batch, lines/s"
+    )
+    from hearthgate.loadtests import batchbench
+
+    batchbench.add_args(bt)
+    bt.set_defaults(func=batchbench.run)
 
     fz = sub.add_parser("fuzz", help="generated odd requests through a gateway (issue 11)")
     _fuzz_args(fz)

@@ -277,14 +277,22 @@ class BatchRunner:
         owners = sorted(by_owner)
         self._fill_index = (self._fill_index + 1) % len(owners)
         for owner in owners[self._fill_index :] + owners[: self._fill_index]:
-            for b in by_owner[owner]:
-                room = min(free, quota - running[owner])
-                if room <= 0:
-                    break
-                got = await self.store.claim_new(b.id, self.consumer, room)
-                self._start_lines(b, got)
-                running[owner] += len(got)
-                free -= len(got)
+            batches_of = by_owner[owner]
+            room = min(free, quota - running[owner])
+            if room <= 0:
+                continue
+            # An app's batches share its room evenly (its chat and its embeddings batch run
+            # side by side, on their own workers); what one cannot use goes to the next.
+            share = math.ceil(room / len(batches_of))
+            for pass_share in (share, room):
+                for b in batches_of:
+                    n = min(pass_share, room)
+                    if n <= 0:
+                        break
+                    got = await self.store.claim_new(b.id, self.consumer, n)
+                    self._start_lines(b, got)
+                    room -= len(got)
+                    free -= len(got)
 
     def _start_lines(self, b: _Batch, claims: list[Claimed]) -> None:
         fresh = [c for c in claims if (c.batch_id, c.entry_id) not in self.lines]
@@ -301,10 +309,7 @@ class BatchRunner:
         try:
             indices = [c.index for c in claims]
             ids = await self.store.custom_ids(b.id, indices)
-            bodies = []
-            for i in indices:
-                (raw,) = await self.store.read_lines(b.input_file_id, i, 1)
-                bodies.append(raw)
+            bodies = await self.store.read_some(b.input_file_id, indices)
         except (RedisError, OSError):
             for c in claims:  # still claimed in Redis: taken again after a restart or claim
                 self.lines.pop((c.batch_id, c.entry_id), None)

@@ -180,6 +180,13 @@ class BatchStore:
         got: list[str | None] = await self.r.hmget(self.k_lines(fid), fields)
         return got
 
+    async def read_some(self, fid: str, indices: list[int]) -> list[str | None]:
+        """The lines at ``indices`` (one round trip)."""
+        if not indices:
+            return []
+        got: list[str | None] = await self.r.hmget(self.k_lines(fid), [str(i) for i in indices])
+        return got
+
     async def file_content(self, rec: dict[str, str]) -> bytes:
         n = int(rec["lines"])
         parts: list[str] = []

@@ -63,3 +63,46 @@ def test_down_worker_is_unhealthy_in_snapshots_and_not_picked() -> None:
     assert picked is not None and picked.name == "b"
     assert pool.pick("m", exclude={"b"}) is None
     assert pool.pick("other") is None
+
+
+def prefill_page(tokens: float, seconds: float) -> str:
+    return (
+        "# TYPE vllm:request_prompt_tokens histogram\n"
+        f'vllm:request_prompt_tokens_sum{{engine="0",model_name="m"}} {tokens}\n'
+        'vllm:request_prompt_tokens_count{engine="0",model_name="m"} 3.0\n'
+        "# TYPE vllm:request_prefill_time_seconds histogram\n"
+        f'vllm:request_prefill_time_seconds_sum{{engine="0",model_name="m"}} {seconds}\n'
+    )
+
+
+def test_parse_reads_the_prefill_histogram_sums() -> None:
+    got = parse_vllm_gauges(PAGE + prefill_page(6000.0, 0.5))
+    assert got["vllm:request_prompt_tokens_sum"] == 6000.0
+    assert got["vllm:request_prefill_time_seconds_sum"] == 0.5
+    assert "vllm:request_prompt_tokens_count" not in got
+
+
+class Pages:
+    """An upstream whose /metrics answers the next page of a list."""
+
+    def __init__(self, pages: list[str]) -> None:
+        self.pages = pages
+
+    async def get(self, worker: str, url: str, timeout_s: float) -> tuple[int, bytes]:
+        return 200, self.pages.pop(0).encode()
+
+
+async def test_scrapes_report_the_prefill_done_between_them() -> None:
+    """Non-streamed requests teach the prefill speed too: through vLLM's own histograms,
+    as differences between scrapes (a worker restart, sums going down, reports nothing)."""
+    spec = Worker(name="w", url="http://127.0.0.1:1", models=["m"])
+    pool = WorkerPool([spec], Health(interval_s=1.0), GatewayMetrics(["m"]), clock=Clock())
+    seen: list[tuple[str, int, float]] = []
+    pool.on_prefill = lambda w, tokens, s: seen.append((w, tokens, s))
+    sums = [(1000, 0.1), (5000, 0.2), (5000, 0.2), (100, 0.01)]
+    pages = Pages([prefill_page(t, s) for t, s in sums])
+    for _ in range(4):
+        await pool.scrape(pages, pool.workers[0])  # type: ignore[arg-type]
+    assert len(seen) == 1
+    (worker, tokens, seconds) = seen[0]
+    assert worker == "w" and tokens == 4000 and abs(seconds - 0.1) < 1e-9
