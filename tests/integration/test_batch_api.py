@@ -685,6 +685,40 @@ async def test_two_apps_batches_interleave(redis_url: str, monkeypatch: pytest.M
         assert first_b <= 8, f"app b waited for most of app a's batch: {order}"
 
 
+async def test_one_apps_batches_run_side_by_side(redis_url: str) -> None:
+    """An app's slow chat batch does not hold up its embeddings batch created after it:
+    as lines finish, the app's window is refilled from both batches evenly (before, the
+    older batch took all of it until it had nothing left to start)."""
+    gate = Gate(hold=lambda cid: cid.startswith("c"))
+
+    async def handler(worker: str, path: str, body: dict[str, Any]) -> UpstreamResponse:
+        if path == EMB:
+            return embeddings_ok(body)
+        await asyncio.sleep(0.2)  # a slow worker for the long prompts
+        return await gate(worker, path, body)
+
+    s = with_redis(redis_url, batch={"max_waiting": 8})
+    async with running(s, handler) as gw:
+        chats = await gw.submit(chat_file([f"c{i}" for i in range(40)]))
+        await until(lambda: len(gate.waiting) == 8, what="chat lines fill the window")
+        lines = [
+            {
+                "custom_id": f"e{i}",
+                "method": "POST",
+                "url": EMB,
+                "body": {"model": "m", "input": f"text {i}"},
+            }
+            for i in range(20)
+        ]
+        emb = await gw.submit(jsonl(*lines), endpoint=EMB)
+        gate.open()
+        done = await gw.wait(emb.id)
+        assert done.status == "completed" and done.request_counts.completed == 20
+        chat_now = await gw.sdk().batches.retrieve(chats.id)
+        assert chat_now.status == "in_progress", "the embeddings batch waited for the chats"
+        assert (await gw.wait(chats.id)).request_counts.completed == 40
+
+
 # ---------------------------------------------------------------- worker answers
 
 
