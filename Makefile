@@ -11,7 +11,7 @@ VLLM_VERSION := 0.32.0
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: help setup redis-server run run-split test lint typecheck unit e2e bench bench-overhead clean
+.PHONY: help setup redis-server chromium run run-split test lint typecheck unit e2e bench bench-overhead clean
 
 help:
 	@echo "make run    - set everything up, start vLLM workers and the gateway on :8080"
@@ -59,7 +59,23 @@ redis-server:
 	    { echo "redis-server is still missing after apt-get install" >&2; exit 1; }; \
 	fi
 
-setup: $(VENV)/.stamp $(VLLM_VENV)/.stamp $(TINY_MODEL)/.stamp redis-server
+# chromium, for the status page's browser tests (tests/integration/test_dashboard_browser.py):
+# Playwright's Python package drives this system browser; `playwright install` (a browser
+# build of its own, downloaded from outside the package registries) is never run. Checked on
+# every run like redis-server and installed from Debian's package when missing; headless, it
+# needs none of the package's recommends (printer set-up, sandbox helper), only a font.
+chromium:
+	@set -e; \
+	if ! [ -x /usr/bin/chromium ]; then \
+	  echo "installing chromium (Debian package chromium, for the status page's browser tests)"; \
+	  $(SUDO) apt-get update -qq; \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core </dev/null; \
+	  [ -x /usr/bin/chromium ] || \
+	    { echo "/usr/bin/chromium is still missing after apt-get install" >&2; exit 1; }; \
+	fi
+
+setup: $(VENV)/.stamp $(VLLM_VENV)/.stamp $(TINY_MODEL)/.stamp redis-server chromium
 
 # LAYOUT=split: a general worker (core 0), a long-prefill worker (core 1) and the embedding
 # worker (sharing core 1), from deploy/settings.split.yaml.

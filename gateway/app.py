@@ -20,6 +20,7 @@ from hearthgate.gateway.batches.api import build_router, owner_name
 from hearthgate.gateway.batches.service import BatchService
 from hearthgate.gateway.batches.service import describe as describe_batches
 from hearthgate.gateway.core import ROUTES, Gateway
+from hearthgate.gateway.dashboard import status_page
 from hearthgate.gateway.errors import (
     BadRequest,
     GatewayError,
@@ -202,5 +203,11 @@ def create_app(
     @app.get("/status", dependencies=[Depends(operator_only)])
     async def status() -> JSONResponse:
         return JSONResponse({**gw.status(), "batches": describe_batches(batches)})
+
+    @app.get("/")
+    @app.get("/dashboard")
+    async def dashboard(request: Request) -> Response:
+        """The status page (gateway/dashboard.py), for people; its data is /status."""
+        return status_page(admin, request.client.host if request.client is not None else None)
 
     return app

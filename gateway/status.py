@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from prometheus_client import Counter
+
 from hearthgate.gateway.admission import AdmissionController
 from hearthgate.gateway.lease import LeaseBook
 from hearthgate.gateway.metrics import GatewayMetrics, percentile
@@ -23,8 +25,10 @@ def render_status(
     started_at: float,
     draining: bool,
 ) -> dict[str, Any]:
-    """Queues, leases, workers (with their budgets and pacing), fair-share counters and
-    recent latency. ``now`` is on the gateway's clock; ``started_at`` a wall-clock time."""
+    """Queues, leases, workers (with their budgets and pacing), fair-share counters, recent
+    latency, targets met per class and tokens per app (what the status page shows, see
+    gateway/dashboard.py). ``now`` is on the gateway's clock; ``started_at`` a wall-clock
+    time."""
     recent: dict[str, Any] = {}
     for route, values in metrics.recent_ttft.items():
         recent.setdefault(route, {})["ttft_p50_s"] = percentile(values, 50)
@@ -47,8 +51,13 @@ def render_status(
                 "background_cap": cap,
                 "token_gap_s": None if gap is None else round(gap, 4),
             }
+    classes = scheduler.classes
     queues = {
         cls: {
+            "interactive": classes[cls].interactive,
+            "ttft_target_s": classes[cls].ttft_s,
+            "itl_target_s": classes[cls].itl_s,
+            "admitted": sum(u.in_flight_by_class.get(cls, 0) for u in usage.values()),
             "depth": st.depth,
             "queued_tokens": st.tokens,
             "oldest_wait_s": None
@@ -70,4 +79,31 @@ def render_status(
         "tenant_counters": scheduler.tenant_counters(),
         "workers": workers,
         "recent": recent,
+        # Since start, from the metrics: streamed requests that met both targets of their
+        # class or missed one (the status page plots attainment from successive reads),
+        # and tokens served per app.
+        "slo": {
+            cls: {"met": int(v.get("met", 0)), "missed": int(v.get("missed", 0))}
+            for cls, v in _counter_totals(metrics.slo, "cls", "result", target="both").items()
+        },
+        "app_tokens": {
+            app: {"prompt": int(v.get("prompt", 0)), "completion": int(v.get("completion", 0))}
+            for app, v in _counter_totals(metrics.class_tokens, "app", "kind").items()
+        },
     }
+
+
+def _counter_totals(
+    counter: Counter, outer: str, inner: str, **only: str
+) -> dict[str, dict[str, float]]:
+    """A labelled counter's values summed into ``outer`` label -> ``inner`` label -> total,
+    over the samples whose labels match ``only``."""
+    out: dict[str, dict[str, float]] = {}
+    for family in counter.collect():
+        for s in family.samples:
+            labels = s.labels
+            if not s.name.endswith("_total") or any(labels.get(k) != v for k, v in only.items()):
+                continue
+            row = out.setdefault(labels[outer], {})
+            row[labels[inner]] = row.get(labels[inner], 0.0) + s.value
+    return out

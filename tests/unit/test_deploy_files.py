@@ -29,8 +29,10 @@ KEYS = {
     "CHAT_KEY": "c",
     "SUMMARIES_KEY": "s",
     "ADMIN_KEY": "m",
+    "GRAFANA_ADMIN_PASSWORD": "g",
 }
 WORKERS = ("vllm-gen", "vllm-embed")
+MONITORING = ("prometheus", "grafana")
 _VAR = re.compile(r"\$\{(\w+)(?:(:?[-?])([^}]*))?\}")
 
 
@@ -102,12 +104,13 @@ def flags(service: dict[str, Any]) -> dict[str, str]:
 
 
 def test_services_and_images(services: dict[str, Any]) -> None:
-    assert set(services) == {"vllm-gen", "vllm-embed", "gateway", "redis", "prometheus"}
+    assert set(services) == {"vllm-gen", "vllm-embed", "gateway", "redis", "prometheus", "grafana"}
     for name in WORKERS:
         image = services[name]["image"]
         assert image.startswith("vllm/vllm-openai:v"), image  # pinned, not :latest
     assert services["redis"]["image"] == "redis:7"
     assert services["prometheus"]["image"].startswith("prom/prometheus:v")
+    assert re.fullmatch(r"grafana/grafana:\d+\.\d+\.\d+", services["grafana"]["image"])
     build = services["gateway"]["build"]
     assert (DEPLOY / build["context"]).resolve() == REPO
     assert (DEPLOY / build["context"] / build["dockerfile"]).resolve() == DEPLOY / "Dockerfile"
@@ -117,7 +120,8 @@ def test_only_the_gateway_is_on_the_network(services: dict[str, Any]) -> None:
     assert services["gateway"]["ports"] == ["8080:8080"]
     for name in (*WORKERS, "redis"):
         assert "ports" not in services[name], f"{name} must not skip the gateway"
-    assert all(p.startswith("127.0.0.1:") for p in services["prometheus"]["ports"])
+    for name in MONITORING:
+        assert all(p.startswith("127.0.0.1:") for p in services[name]["ports"]), name
 
 
 def test_healthchecks(services: dict[str, Any]) -> None:
@@ -204,7 +208,7 @@ def test_volumes_are_declared_and_mounted_files_exist(
         for mount in svc.get("volumes", []):
             source, _, rest = mount.partition(":")
             if source.startswith((".", "/")):
-                assert (DEPLOY / source).is_file(), f"{name}: {source} is not in the repo"
+                assert (DEPLOY / source).exists(), f"{name}: {source} is not in the repo"
                 assert rest.endswith(":ro"), f"{name}: {mount} should be read-only"
             else:
                 used.add(source)
@@ -212,8 +216,9 @@ def test_volumes_are_declared_and_mounted_files_exist(
 
 
 def test_monitoring_is_an_optional_profile(services: dict[str, Any]) -> None:
-    assert services["prometheus"]["profiles"] == ["monitoring"]
-    assert all("profiles" not in s for n, s in services.items() if n != "prometheus")
+    for name in MONITORING:
+        assert services[name]["profiles"] == ["monitoring"]
+    assert all("profiles" not in s for n, s in services.items() if n not in MONITORING)
 
 
 def test_prometheus_scrapes_the_gateway_and_both_workers(services: dict[str, Any]) -> None:
@@ -277,7 +282,7 @@ def test_every_app_key_reaches_the_gateway(
     assert key_envs == set(services["gateway"]["environment"])
     example = (DEPLOY / "keys.env.example").read_text()
     listed = {line.split("=")[0] for line in example.splitlines() if re.match(r"^\w+=", line)}
-    assert listed == key_envs
+    assert listed == key_envs | {"GRAFANA_ADMIN_PASSWORD"}  # Grafana's, not the gateway's
     ignored = (REPO / ".gitignore").read_text().splitlines()
     assert "deploy/.env" in ignored  # compose reads the real keys from there
 

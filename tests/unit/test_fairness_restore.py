@@ -258,7 +258,7 @@ def test_any_json_restores_without_raising_and_keeps_only_valid_entries(snapshot
         for tenant, value in tenants.items():
             assert tenant in ("heavy", "light", "idle")
             assert math.isfinite(value) and value >= 0
-            assert value == snapshot[cls][tenant]  # kept exactly
+            assert value == float(snapshot[cls][tenant])  # kept exactly (as a float)
     assert restored(result).fairness_snapshot() == result
 
 
