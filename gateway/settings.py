@@ -449,8 +449,8 @@ class BatchConfig(_Strict):
     retention_hours: float = Field(7 * 24, gt=0)
     # Lines one gateway keeps in its scheduler at a time, over all batches (they wait there
     # like live requests of their app; the rest wait in Redis). 128 kept the workers busier
-    # than 64: 0.87 against 0.80 of a client sending straight to vLLM (2000-line batches,
-    # loadtests/results/batch.md).
+    # than 64: 0.87 against 0.80 of a client sending straight to vLLM (two single runs of
+    # `hearthgate bench batch --lines 2000`); 5000 lines at 128: 0.95 (results/batch.md).
     max_waiting: int = Field(128, ge=1)
     # A line claimed by a gateway that stopped renewing its claim this long ago (killed,
     # or cut off from Redis) is run again by another gateway, or by this one restarted.
