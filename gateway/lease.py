@@ -225,6 +225,15 @@ class Lease:
             self._lost.exception()
             self._lost = asyncio.get_running_loop().create_future()
 
+    def queue_headers(self) -> dict[str, str]:
+        """Response headers an app may show its user: the class the request ran in and how
+        long it waited before a worker took it (failed-over attempts included)."""
+        t = self.ticket
+        if t is None:
+            return {}
+        waited_ms = max(0.0, t.admitted_at - t.request.arrival) * 1000
+        return {"x-hearthgate-class": t.request.cls, "x-hearthgate-queued-ms": f"{waited_ms:.0f}"}
+
     def hand_over(self) -> Ticket:
         """Hand this attempt's admission (its ticket and the worker's in-flight count) to
         a coalesced embeddings call, which gives it back exactly once when the call ends

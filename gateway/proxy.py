@@ -223,7 +223,7 @@ class Proxy:
             raise
         self._pool.note_answered(worker)
         lease.upstream = resp
-        headers = {"x-hearthgate-worker": worker.name}
+        headers = {"x-hearthgate-worker": worker.name, **lease.queue_headers()}
         try:
             if resp.status != 200 or not parsed.stream:
                 content = await lease.guard(resp.read(), self._left(deadline))

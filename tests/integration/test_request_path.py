@@ -126,6 +126,37 @@ async def test_disconnect_while_queued_leaves_no_trace() -> None:
         assert idle(gw)
 
 
+async def test_answers_say_their_class_and_how_long_they_waited_in_line() -> None:
+    now = [100.0]
+    gate = asyncio.Event()
+
+    async def handler(worker: str, path: str, body: dict[str, Any]) -> UpstreamResponse:
+        if body["prompt"] == "first":
+            await gate.wait()
+        return FakeResponse(chunks=[OK_JSON])
+
+    limits = {"max_in_flight": 1}
+    workers = [{"name": "w0", "url": "http://w0", "models": ["m"], "limits": limits}]
+    up = FakeUpstream(handler)
+    gw = Gateway(settings(workers=workers), clock=lambda: now[0], upstream=up)
+    await gw.start()
+    try:
+        first = post(gw, {**COMPLETION, "prompt": "first"})
+        await until(lambda: len(up.posts) == 1)
+        second = post(gw, {**COMPLETION, "prompt": "second"})
+        await until(lambda: gw.scheduler.queued_count == 1)
+        now[0] += 0.25  # the second waits a quarter of a second behind the first
+        gate.set()
+        await first.done()
+        await second.done()
+        assert first.headers["x-hearthgate-queued-ms"] == "0"
+        assert second.headers["x-hearthgate-queued-ms"] == "250"
+        assert second.headers["x-hearthgate-class"] == "chat"
+        assert idle(gw)
+    finally:
+        await gw.stop()
+
+
 async def test_a_cancelled_request_task_gives_everything_back() -> None:
     resp = FakeResponse(hang=True)
     async with running(answer(resp)) as (gw, up):
