@@ -147,6 +147,7 @@ async def run_workload(
     # are short and do not delay timestamps, as vLLM's own benchmark does.
     gc.collect()
     gc.freeze()
+    await sampler.first()
     sampler_task = asyncio.create_task(sampler.run())
     tasks: list[asyncio.Task[RequestRecord]] = []
     cpu0, wall0 = time.process_time(), time.perf_counter()

@@ -148,6 +148,7 @@ class Sampler:
         self.samples: list[Sample] = []
         self.errors = 0
         self._stop = asyncio.Event()
+        self._first_done = False
 
     async def _fetch(self, url: str) -> tuple[str, float] | None:
         """The page's text and when it arrived (relative to t0); None on failure."""
@@ -176,12 +177,22 @@ class Sampler:
             values = gateway_values(got[0][0])
         self.samples.append(Sample(self.target, src.name, round(t, 4), values))
 
+    async def first(self) -> None:
+        """The first scrape, awaited before any request is sent, so counters' increases
+        start from a value no request has moved yet; ``run`` then goes on from the next."""
+        if self.sources:
+            await asyncio.gather(*(self._scrape(s) for s in self.sources))
+        self._first_done = True
+
     async def run(self) -> None:
         if not self.sources:
             return
         k = max(0, int((self.clock() - self.t0) / self.interval_s))
+        skip = self._first_done
         while not self._stop.is_set():
-            await asyncio.gather(*(self._scrape(s) for s in self.sources))
+            if not skip:
+                await asyncio.gather(*(self._scrape(s) for s in self.sources))
+            skip = False
             k += 1
             delay = self.t0 + k * self.interval_s - self.clock()
             if delay > 0:
