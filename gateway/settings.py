@@ -425,6 +425,10 @@ class RedisConfig(_Strict):
     timeout_s: float = Field(2.0, gt=0)
     # How often each app's fair-share counters are written to Redis (and read at start).
     fairness_snapshot_s: float = Field(5.0, gt=0)
+    # Connections to Redis per gateway. Commands beyond this wait (up to timeout_s) for
+    # one to come free rather than failing: a burst of batch lines ending at once is
+    # queued, not reported as "Redis down".
+    max_connections: int = Field(16, ge=1)
 
     @field_validator("url")
     @classmethod

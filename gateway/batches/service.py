@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import RedisError
 
 from hearthgate.gateway.batches.runner import BatchRunner
@@ -39,12 +39,19 @@ class BatchService:
         self.gw = gateway
         cfg = settings.redis
         assert cfg.url is not None
-        self.redis = Redis.from_url(
+        # A blocking pool: when every connection is busy (many batch lines ending at
+        # once) a command waits for one, up to timeout_s, instead of raising
+        # MaxConnectionsError, which would read as "Redis down" (redis-py's plain pool
+        # refuses the 101st concurrent command).
+        pool = BlockingConnectionPool.from_url(
             cfg.url,
+            max_connections=cfg.max_connections,
+            timeout=cfg.timeout_s,
             decode_responses=True,
             socket_timeout=cfg.timeout_s,
             socket_connect_timeout=cfg.timeout_s,
         )
+        self.redis = Redis(connection_pool=pool)
         self.store = BatchStore(self.redis, cfg.key_prefix, settings.batch.retention_hours * 3600)
         self.runner = BatchRunner(gateway, self.store, settings)
         self._fair_task: asyncio.Task[None] | None = None
@@ -73,7 +80,7 @@ class BatchService:
         with contextlib.suppress(RedisError, OSError):
             await self.save_fairness()
         with contextlib.suppress(RedisError, OSError):
-            await self.redis.aclose()
+            await self.redis.aclose(close_connection_pool=True)
 
     # ------------------------------------------------------------ fair shares
 

@@ -719,6 +719,24 @@ async def test_one_apps_batches_run_side_by_side(redis_url: str) -> None:
         assert (await gw.wait(chats.id)).request_counts.completed == 40
 
 
+async def test_lines_ending_together_wait_for_a_redis_connection(redis_url: str) -> None:
+    """Many lines finishing at once need more Redis connections than the pool has: their
+    writes wait their turn (redis.max_connections), nothing is reported as "Redis down"
+    and the batch endpoints keep answering (before, redis-py's plain pool raised
+    MaxConnectionsError past its limit: a 503 to the client and a paused runner)."""
+    gate = Gate()
+    s = with_redis(redis_url, redis={"max_connections": 2}, batch={"max_waiting": 40})
+    async with running(s, gate) as gw:
+        b = await gw.submit(chat_file([f"c{i}" for i in range(60)]))
+        await until(lambda: len(gate.waiting) >= 8, what="lines running")
+        gate.open()
+        polls = [gw.sdk().batches.retrieve(b.id) for _ in range(10)]  # while they end
+        assert all(p.id == b.id for p in await asyncio.gather(*polls))
+        done = await gw.wait(b.id)
+        assert done.status == "completed" and done.request_counts.completed == 60
+        assert gw.runner.status()["redis"] == "up"
+
+
 # ---------------------------------------------------------------- worker answers
 
 
