@@ -261,6 +261,26 @@ class AdmissionController:
                 self._queued_by_app.pop(req.tenant, None)
         self.queued_bytes -= self._bytes.pop(req_id, 0)
 
+    def reconfigure(
+        self,
+        *,
+        early_release: float | None,
+        pacing: PacingRule | None,
+        app_queue_caps: dict[str, int],
+        max_queued_bytes: int | None,
+        retry_after_s: int,
+    ) -> None:
+        """New settings (a reload): later decisions use them; queued requests stay. A new
+        pacing rule restarts the pacers (from the rule's max cap)."""
+        self.early_release = early_release
+        if pacing != self.pacing:
+            self.pacing = pacing
+            self._pacers.clear()
+        self._app_caps = dict(app_queue_caps)
+        self._max_queued_bytes = max_queued_bytes
+        self._retry_after_s = retry_after_s
+        self.pump()
+
     # -------------------------------------------------------------------- pacing
 
     def observe_gap(self, worker: str, seconds: float, tokens: int) -> None:

@@ -30,6 +30,7 @@ from hearthgate.gateway.errors import (
     NoWorkerAvailable,
     error_response,
 )
+from hearthgate.gateway.reload import Reloader
 from hearthgate.gateway.settings import Settings
 from hearthgate.gateway.upstream import UpstreamClient
 
@@ -83,9 +84,11 @@ def create_asgi_app(
     settings: Settings,
     clock: Callable[[], float] = time.perf_counter,
     upstream: UpstreamClient | None = None,
+    source: Callable[[], Settings] | None = None,
+    path: str | None = None,
 ) -> FastPath:
     """The application ``hearthgate serve`` runs: FastAPI plus the proxy fast path."""
-    app = create_app(settings, clock, upstream)
+    app = create_app(settings, clock, upstream, source, path)
     return FastPath(app, app.state.gateway)
 
 
@@ -93,11 +96,22 @@ def create_app(
     settings: Settings,
     clock: Callable[[], float] = time.perf_counter,
     upstream: UpstreamClient | None = None,
+    source: Callable[[], Settings] | None = None,
+    path: str | None = None,
 ) -> FastAPI:
     """Build the gateway application for ``settings`` (``upstream``: the client towards
-    the workers; default aiohttp)."""
+    the workers; default aiohttp). ``source`` reads the settings again for a reload
+    (gateway/reload.py), ``path`` names where they come from; without ``source`` a reload
+    is refused."""
     gw = Gateway(settings, clock, upstream)
     admin = AdminGuard(settings)
+
+    def apply(new: Settings) -> None:
+        nonlocal admin
+        gw.reconfigure(new)
+        admin = AdminGuard(new)
+
+    reloader = Reloader(settings, apply, source, path)
     warn_if_anonymous(settings)
     batches = BatchService(settings, gw) if settings.redis.url else None
 
@@ -138,7 +152,8 @@ def create_app(
     )
     app.state.gateway = gw
     app.state.batches = batches
-    app.include_router(build_router(batches, owner_of, settings.models))
+    app.state.reloader = reloader
+    app.include_router(build_router(batches, owner_of, lambda: gw.settings.models()))
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, exc: GatewayError) -> Response:
@@ -181,7 +196,7 @@ def create_app(
             return error_response(
                 NoWorkerAvailable(
                     "the gateway is shutting down",
-                    retry_after_s=settings.health.retry_after_s,
+                    retry_after_s=gw.settings.health.retry_after_s,
                     code="shutting_down",
                 )
             )
@@ -189,7 +204,7 @@ def create_app(
         if not up:
             return error_response(
                 NoWorkerAvailable(
-                    "no worker is reachable", retry_after_s=settings.health.retry_after_s
+                    "no worker is reachable", retry_after_s=gw.settings.health.retry_after_s
                 )
             )
         # Redis down pauses batches only: the gateway stays ready for live traffic.
@@ -202,7 +217,16 @@ def create_app(
 
     @app.get("/status", dependencies=[Depends(operator_only)])
     async def status() -> JSONResponse:
-        return JSONResponse({**gw.status(), "batches": describe_batches(batches)})
+        return JSONResponse(
+            {**gw.status(), "batches": describe_batches(batches), "settings": reloader.status()}
+        )
+
+    @app.post("/reload", dependencies=[Depends(operator_only)])
+    async def reload() -> JSONResponse:
+        """Read the settings file again (as SIGHUP does); 200 with what changed, or 400
+        with why the running settings stay."""
+        outcome = reloader.reload()
+        return JSONResponse(outcome.as_json(), status_code=200 if outcome.ok else 400)
 
     @app.get("/")
     @app.get("/dashboard")

@@ -1,4 +1,5 @@
-"""The ``hearthgate`` command: ``serve`` the gateway, ``check`` a settings file, ``bench``."""
+"""The ``hearthgate`` command: ``serve`` the gateway, ``check`` a settings file, ``reload``
+its settings, ``bench``."""
 
 from __future__ import annotations
 
@@ -34,7 +35,11 @@ def _serve(args: argparse.Namespace) -> int:
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    app = create_asgi_app(settings)
+    app = create_asgi_app(
+        settings,
+        source=lambda: load_settings(args.config, **overrides),
+        path=str(args.config),
+    )
     config = uvicorn.Config(
         app,
         host=settings.listen.host,
@@ -49,7 +54,8 @@ def _serve(args: argparse.Namespace) -> int:
         proxy_headers=False,  # the gateway is the edge; no X-Forwarded-* to trust
         loop=settings.listen.loop,
     )
-    DrainingServer(config, app.gateway).run()
+    reloader = app.app.state.reloader
+    DrainingServer(config, app.gateway, on_hangup=reloader.reload).run()
     return 0
 
 
@@ -76,6 +82,59 @@ def _check(args: argparse.Namespace) -> int:
     from hearthgate.gateway.livecheck import run_live_check
 
     return run_live_check(settings, timeout_s=args.timeout)
+
+
+def _reload(args: argparse.Namespace) -> int:
+    """Ask the running gateway to read its settings file again (``POST /reload``, what
+    SIGHUP does) and print what it did. The file is checked here first."""
+    import json
+    import os
+    import urllib.error
+    import urllib.request
+
+    try:
+        settings = load_settings(args.config)
+    except SettingsError as exc:
+        print(f"hearthgate: {exc}\nthe running gateway keeps its settings", file=sys.stderr)
+        return 2
+    url = args.url or _local_url(settings.listen.host, settings.listen.port)
+    req = urllib.request.Request(url.rstrip("/") + "/reload", method="POST", data=b"")
+    key_env = args.key_env or settings.auth.admin_key_env
+    key = os.environ.get(key_env, "").strip() if key_env else ""
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=args.timeout) as resp:
+            outcome = json.load(resp)
+    except urllib.error.HTTPError as exc:
+        body = exc.read().decode("utf-8", "replace")
+        try:
+            outcome = json.loads(body)
+        except ValueError:
+            outcome = {}
+        if "ok" not in outcome:
+            message = outcome.get("error", {}).get("message") if outcome else body
+            print(f"hearthgate: {url} answered {exc.code}: {message}", file=sys.stderr)
+            return 1
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"hearthgate: no gateway answered at {url}: {exc}", file=sys.stderr)
+        return 1
+    if not outcome["ok"]:
+        print(f"hearthgate: reload refused, the running settings stay: {outcome['error']}")
+        return 1
+    print(f"reloaded: {', '.join(outcome['changed']) or 'nothing changed'}")
+    if outcome["at_restart"]:
+        print(f"take effect at the next start: {', '.join(outcome['at_restart'])}")
+    return 0
+
+
+def _local_url(host: str, port: int) -> str:
+    """Where this machine reaches a gateway listening on ``host``."""
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 # What `pip install 'hearthgate[bench]'` adds (pyproject.toml): the gateway never imports these.
@@ -122,6 +181,16 @@ def main(argv: list[str] | None = None) -> int:
         "--timeout", type=float, default=30.0, help="seconds per request to a worker (--live)"
     )
     check.set_defaults(func=_check)
+    reload = sub.add_parser(
+        "reload", help="make the running gateway read its settings file again (as SIGHUP)"
+    )
+    reload.add_argument("--config", required=True, help="the settings YAML file it serves")
+    reload.add_argument("--url", help="the gateway's address (default: from listen)")
+    reload.add_argument(
+        "--key-env", help="variable holding the admin key (default: auth.admin_key_env)"
+    )
+    reload.add_argument("--timeout", type=float, default=10.0, help="seconds to wait")
+    reload.set_defaults(func=_reload)
     sub.add_parser("bench", help="load tests (see `hearthgate bench --help`)")
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func

@@ -264,6 +264,11 @@ class _Batch:
         )
 
 
+def window_policies(settings: Settings) -> dict[str, WindowPolicy]:
+    """Each class's batching window, by class name."""
+    return {name: window_policy(c) for name, c in settings.classes.items()}
+
+
 def window_policy(c: RequestClass) -> WindowPolicy:
     """A class's settings as the pure window policy (milliseconds to seconds)."""
     w = c.batching_window()
@@ -353,6 +358,11 @@ class Coalescer:
             headers={"x-hearthgate-worker": worker.name},
             media_type=answer.content_type,
         )
+
+    def set_policies(self, policies: dict[str, WindowPolicy]) -> None:
+        """Each class's batching window from now on (a settings reload); open batches
+        close under the policy they opened with."""
+        self._policies = policies
 
     def _leave(self, part: _Part) -> None:
         """The caller went away: leave the open batch (releasing its ticket) or, once sent,

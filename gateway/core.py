@@ -23,7 +23,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from hearthgate.gateway.admission import AdmissionController
 from hearthgate.gateway.classify import ANONYMOUS, CLASS_HEADER, Classification, Classifier
-from hearthgate.gateway.coalesce import Coalescer, client_upstream, mergeable, window_policy
+from hearthgate.gateway.coalesce import Coalescer, client_upstream, mergeable, window_policies
 from hearthgate.gateway.errors import (
     ClientGone,
     GatewayError,
@@ -35,7 +35,13 @@ from hearthgate.gateway.lease import FirstByteTimeout, Lease, LeaseBook, WorkerL
 from hearthgate.gateway.metrics import GatewayMetrics, SchedulerCollector, WorkerCollector
 from hearthgate.gateway.parse import ParsedRequest, parse_body, read_body
 from hearthgate.gateway.proxy import AnswerBroke, Proxy, Result
-from hearthgate.gateway.scheduling import build_scheduler, pacing_rule
+from hearthgate.gateway.scheduling import (
+    build_scheduler,
+    class_policy,
+    pacing_rule,
+    routing_policy,
+    tenant_policies,
+)
 from hearthgate.gateway.settings import Settings
 from hearthgate.gateway.status import render_status
 from hearthgate.gateway.tokens import token_counter
@@ -70,6 +76,14 @@ class Answer:
     body: bytes
 
 
+def app_names(settings: Settings) -> list[str]:
+    return [a.name for a in settings.apps] + [ANONYMOUS]
+
+
+def app_queue_caps(settings: Settings) -> dict[str, int]:
+    return {a.name: a.max_queued for a in settings.apps if a.max_queued}
+
+
 class Gateway:
     """The parts one running gateway shares between requests.
 
@@ -89,7 +103,7 @@ class Gateway:
             settings.models(),
             settings.metrics.recent_window,
             classes=settings.classes,
-            apps=[a.name for a in settings.apps] + [ANONYMOUS],
+            apps=app_names(settings),
         )
         self.client: UpstreamClient = upstream or AiohttpUpstream(
             settings.upstream.max_connections,
@@ -110,7 +124,7 @@ class Gateway:
             on_reject=self._on_reject,
             early_release=settings.scheduler.early_prefill_release,
             pacing=pacing_rule(settings),
-            app_queue_caps={a.name: a.max_queued for a in settings.apps if a.max_queued},
+            app_queue_caps=app_queue_caps(settings),
             max_queued_bytes=settings.limits.max_queued_bytes,
             retry_after_s=settings.health.retry_after_s,
         )
@@ -125,7 +139,7 @@ class Gateway:
         self.coalescer = Coalescer(  # embeddings batching (gateway/coalesce.py)
             client_upstream(self.client, settings),
             self.pool,
-            {name: window_policy(c) for name, c in settings.classes.items()},
+            window_policies(settings),
             self._embed_activity,
             self.metrics,
             clock,
@@ -136,7 +150,37 @@ class Gateway:
         self._ids = itertools.count()
         self._lag_task: asyncio.Task[None] | None = None
         self._drain_timer: asyncio.TimerHandle | None = None
+        self._checks: set[asyncio.Task[None]] = set()  # health checks of added workers
         self.started_at = time.time()
+
+    def reconfigure(self, settings: Settings) -> None:
+        """Apply new settings while running (gateway/reload.py decides what may change):
+        queued requests are re-judged by the new class policies, requests in flight carry
+        on. Raises ValueError and changes nothing if the scheduler refuses (a class removed
+        while it still has requests)."""
+        self.scheduler.reconfigure(
+            [class_policy(name, c) for name, c in settings.classes.items()],
+            tenant_policies(settings),
+            w_in=settings.scheduler.w_in,
+            w_out=settings.scheduler.w_out,
+            routing=routing_policy(settings),
+        )
+        self.settings = settings
+        self.metrics.add_labels(settings.models(), settings.classes, app_names(settings))
+        self.classifier = Classifier(settings)
+        self.coalescer.set_policies(window_policies(settings))
+        fresh = self.pool.reconfigure(settings.workers, settings.health)
+        self.admission.reconfigure(
+            early_release=settings.scheduler.early_prefill_release,
+            pacing=pacing_rule(settings),
+            app_queue_caps=app_queue_caps(settings),
+            max_queued_bytes=settings.limits.max_queued_bytes,
+            retry_after_s=settings.health.retry_after_s,
+        )
+        if fresh:
+            task = asyncio.create_task(self.pool.check_all(self.client, fresh), name="check-new")
+            self._checks.add(task)
+            task.add_done_callback(self._checks.discard)
 
     # ------------------------------------------------------------ life cycle
 

@@ -194,6 +194,15 @@ class GatewayMetrics:
         self.recent_e2e: dict[str, deque[float]] = {}
         self._window = recent_window
 
+    def add_labels(
+        self, models: Iterable[str], classes: Iterable[str], apps: Iterable[str]
+    ) -> None:
+        """Names a settings reload added become label values of their own (names removed
+        stay: their series keep counting what happened before)."""
+        self._models |= frozenset(models)
+        self._classes |= frozenset(classes)
+        self._apps |= frozenset(apps)
+
     def model_label(self, model: str) -> str:
         return model if model in self._models else "other"
 

@@ -45,11 +45,15 @@ def worker_budget(limits: WorkerLimits) -> WorkerBudget:
 def build_scheduler(settings: Settings) -> Scheduler:
     return Scheduler(
         [class_policy(name, c) for name, c in settings.classes.items()],
-        [TenantPolicy(a.name, a.weight, a.max_in_flight) for a in settings.apps],
+        tenant_policies(settings),
         w_in=settings.scheduler.w_in,
         w_out=settings.scheduler.w_out,
         routing=routing_policy(settings),
     )
+
+
+def tenant_policies(settings: Settings) -> list[TenantPolicy]:
+    return [TenantPolicy(a.name, a.weight, a.max_in_flight) for a in settings.apps]
 
 
 def routing_policy(settings: Settings) -> RoutingPolicy:

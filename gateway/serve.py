@@ -5,12 +5,16 @@ answers 503 (a load balancer or compose healthcheck sees it), new and queued req
 503 with ``Retry-After``, and streams in flight may finish for ``shutdown.drain_s``; then
 the rest are cut (an error event and ``[DONE]``) and uvicorn stops. As soon as no request
 is open the wait ends early. A second signal stops at once.
+
+SIGHUP reads the settings file again (gateway/reload.py) without stopping anything.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import signal
+from collections.abc import Callable
 from types import FrameType
 
 import uvicorn
@@ -21,15 +25,29 @@ log = logging.getLogger("hearthgate")
 
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, gateway: Gateway) -> None:
+    """``on_hangup``: what SIGHUP does (the settings reload), run on the event loop."""
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        gateway: Gateway,
+        on_hangup: Callable[[], object] | None = None,
+    ) -> None:
         super().__init__(config)
         self._gateway = gateway
+        self._on_hangup = on_hangup
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_task: asyncio.Task[None] | None = None
 
     async def serve(self, sockets: list[object] | None = None) -> None:  # type: ignore[override]
         self._loop = asyncio.get_running_loop()
-        await super().serve(sockets)  # type: ignore[arg-type]
+        if self._on_hangup is not None:
+            self._loop.add_signal_handler(signal.SIGHUP, self._on_hangup)
+        try:
+            await super().serve(sockets)  # type: ignore[arg-type]
+        finally:
+            if self._on_hangup is not None:
+                self._loop.remove_signal_handler(signal.SIGHUP)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._loop is None or self._drain_task is not None or self.should_exit:

@@ -121,6 +121,35 @@ class WorkerPool:
             metrics.in_flight.labels(w.name).set(0)
             metrics.worker_up.labels(w.name).set(0)
 
+    def reconfigure(self, workers: list[Worker], health: Health) -> list[WorkerState]:
+        """New settings (a reload). A worker keeps its state (health, counts) when its name
+        stays; a new one starts unchecked; a removed one takes no more requests, those in
+        flight on it finish. Returns the workers to check at once: new ones and those whose
+        address changed."""
+        fresh: list[WorkerState] = []
+        states: list[WorkerState] = []
+        for spec in workers:
+            st = self.by_name.get(spec.name)
+            if st is None or st.spec.url != spec.url:
+                st = WorkerState(spec)  # requests on the old address release the old state
+                fresh.append(st)
+                self._metrics.in_flight.labels(st.name).set(st.in_flight)
+                self._metrics.worker_up.labels(st.name).set(0)
+            else:
+                st.spec = spec
+            states.append(st)
+        names = {w.name for w in workers}
+        for gone in self.workers:
+            if gone.name not in names:
+                log.info("worker %s removed from the settings", gone.name)
+                with contextlib.suppress(KeyError):
+                    self._metrics.worker_up.remove(gone.name)
+        self.workers = states
+        self.by_name = {w.name: w for w in states}
+        self._budgets = {w.name: worker_budget(w.limits) for w in workers}
+        self._health = health
+        return fresh
+
     def for_model(self, model: str) -> list[WorkerState]:
         return [w for w in self.workers if model in w.spec.models]
 
@@ -267,10 +296,14 @@ class WorkerPool:
             w.kv_usage = w.gauges.get("vllm:kv_cache_usage_perc") if fresh else None
             w.scraped_running = w.gauges.get("vllm:num_requests_running") if fresh else None
 
-    async def check_all(self, client: UpstreamClient) -> None:
-        await asyncio.gather(*(self.check(client, w) for w in self.workers))
+    async def check_all(
+        self, client: UpstreamClient, only: Collection[WorkerState] | None = None
+    ) -> None:
+        """Check (and scrape) every worker, or those in ``only``."""
+        chosen = self.workers if only is None else [w for w in self.workers if w in only]
+        await asyncio.gather(*(self.check(client, w) for w in chosen))
         if self._health.scrape_metrics:
-            await asyncio.gather(*(self.scrape(client, w) for w in self.workers if w.up))
+            await asyncio.gather(*(self.scrape(client, w) for w in chosen if w.up))
         self.refresh_gauges()
 
     async def _loop(self, client: UpstreamClient) -> None:

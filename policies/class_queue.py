@@ -6,7 +6,7 @@ from bisect import bisect_left, insort
 from collections.abc import Container, Iterator, Mapping
 from typing import Protocol, runtime_checkable
 
-from hearthgate.policies.fairness.base import FairShare
+from hearthgate.policies.fairness.base import FairShare, FairShareParams
 from hearthgate.policies.ordering.base import OrderingPolicy, SortKey
 from hearthgate.policies.shedding import is_expired
 from hearthgate.policies.types import ClassPolicy, QueuedRequest
@@ -109,6 +109,28 @@ class ClassQueue:
             else:
                 self._fair.withdraw(req.tenant)
         return req
+
+    def reconfigure(
+        self, policy: ClassPolicy, ordering: OrderingPolicy, fair: FairShare | None = None
+    ) -> None:
+        """Take a new policy and ordering (a settings reload), keeping every queued request:
+        each tenant's lane is sorted again with the new key. ``fair``: a new fair-share
+        policy (its kind changed) that the backlogged tenants are handed to; None keeps the
+        current one and its counters."""
+        if policy.name != self.policy.name:
+            raise ValueError(f"class {self.policy.name} cannot become {policy.name}")
+        self.policy = policy
+        self._ordering = ordering
+        for lane in self._tenants.values():
+            lane.sort(key=self._key)
+        if fair is not None:
+            self._fair = fair
+            for tenant in self._tenants:
+                fair.activate(tenant)
+
+    def set_fair_params(self, params: FairShareParams) -> None:
+        """Weigh later charges with ``params`` (new tenant weights or w_in/w_out)."""
+        self._fair.set_params(params)
 
     def oldest(self) -> QueuedRequest | None:
         """The queued request with the earliest arrival (then id), or None."""

@@ -102,33 +102,110 @@ class Scheduler:
     ) -> None:
         """Raises ValueError for repeated class or tenant names, or unknown policy names.
         ``routing`` filters and orders each request's workers (``policies.routing``)."""
-        weights: dict[str, float] = {}
-        self._tenant_caps: dict[str, int] = {}
-        for t in tenants:
-            if t.name in weights:
-                raise ValueError(f"tenant {t.name} is listed twice")
-            weights[t.name] = t.weight
-            if t.max_in_flight is not None:
-                self._tenant_caps[t.name] = t.max_in_flight
-        self._tenant_names = frozenset(weights)
-        params = FairShareParams(w_in, w_out, weights, default_tenant_weight)
-        self._queues: dict[str, ClassQueue] = {}
-        for c in classes:
-            if c.name in self._queues:
-                raise ValueError(f"class {c.name} is listed twice")
-            if c.ordering not in orderings:
-                raise ValueError(f"class {c.name}: unknown ordering {c.ordering!r}")
-            if c.fair_share not in fair_shares:
-                raise ValueError(f"class {c.name}: unknown fair_share {c.fair_share!r}")
-            fair = fair_shares[c.fair_share](params)
-            self._queues[c.name] = ClassQueue(c, orderings[c.ordering], fair)
-        if not self._queues:
-            raise ValueError("at least one class is needed")
+        self._orderings = orderings
+        self._fair_shares = fair_shares
+        policies, params, caps = self._checked(classes, tenants, w_in, w_out, default_tenant_weight)
+        self._tenant_caps = caps
+        self._tenant_names = frozenset(params.weights)
+        self._queues: dict[str, ClassQueue] = {
+            c.name: ClassQueue(c, orderings[c.ordering], fair_shares[c.fair_share](params))
+            for c in policies
+        }
         self._queued: dict[str, str] = {}  # request id -> class, while queued
         self._running: dict[str, _Running] = {}
         self._loads: dict[str, WorkerLoad] = {}
         self._tenant_running: dict[str, int] = {}  # in-flight count of capped tenants
         self._ledger = ShareLedger()
+        self._routing = routing
+
+    def _checked(
+        self,
+        classes: Iterable[ClassPolicy],
+        tenants: Iterable[TenantPolicy],
+        w_in: float,
+        w_out: float,
+        default_tenant_weight: float,
+    ) -> tuple[list[ClassPolicy], FairShareParams, dict[str, int]]:
+        """The class policies, fair-share parameters and tenant caps, or ValueError."""
+        weights: dict[str, float] = {}
+        caps: dict[str, int] = {}
+        for t in tenants:
+            if t.name in weights:
+                raise ValueError(f"tenant {t.name} is listed twice")
+            weights[t.name] = t.weight
+            if t.max_in_flight is not None:
+                caps[t.name] = t.max_in_flight
+        params = FairShareParams(w_in, w_out, weights, default_tenant_weight)
+        policies: list[ClassPolicy] = []
+        for c in classes:
+            if any(p.name == c.name for p in policies):
+                raise ValueError(f"class {c.name} is listed twice")
+            if c.ordering not in self._orderings:
+                raise ValueError(f"class {c.name}: unknown ordering {c.ordering!r}")
+            if c.fair_share not in self._fair_shares:
+                raise ValueError(f"class {c.name}: unknown fair_share {c.fair_share!r}")
+            policies.append(c)
+        if not policies:
+            raise ValueError("at least one class is needed")
+        return policies, params, caps
+
+    def reconfigure(
+        self,
+        classes: Iterable[ClassPolicy],
+        tenants: Iterable[TenantPolicy] = (),
+        *,
+        w_in: float = 1.0,
+        w_out: float = 2.0,
+        default_tenant_weight: float = 1.0,
+        routing: RoutingPolicy = DEFAULT_POLICY,
+    ) -> None:
+        """Apply new settings in place (a settings reload), as if the scheduler had been
+        built with them, keeping every queued and in-flight request and the fair-share
+        counters.
+
+        A class's new policy applies to its queued requests from the next call on (new
+        priority, limits, timeouts; lanes re-sorted by a new ordering). New tenant weights
+        and w_in/w_out weigh later service; counters so far stay in the old weighted
+        tokens. A class whose fair_share kind changes starts a fresh one. New caps count
+        the tenants' requests already in flight. A new class starts empty, classes come in
+        the new order. Raises ValueError and changes nothing for what the constructor
+        refuses, or when a class left out still has requests queued or in flight (remove
+        it once it is idle)."""
+        policies, params, caps = self._checked(classes, tenants, w_in, w_out, default_tenant_weight)
+        names = {c.name for c in policies}
+        busy = sorted(
+            name
+            for name, q in self._queues.items()
+            if name not in names
+            and (len(q) or any(r.request.cls == name for r in self._running.values()))
+        )
+        if busy:
+            raise ValueError(
+                f"class {', '.join(busy)} still has requests queued or in flight; "
+                "remove it once it is idle"
+            )
+        queues: dict[str, ClassQueue] = {}
+        for c in policies:
+            q = self._queues.get(c.name)
+            if q is None:
+                fair = self._fair_shares[c.fair_share](params)
+                q = ClassQueue(c, self._orderings[c.ordering], fair)
+            elif c.fair_share != q.policy.fair_share:
+                q.reconfigure(
+                    c, self._orderings[c.ordering], self._fair_shares[c.fair_share](params)
+                )
+            else:
+                q.set_fair_params(params)
+                q.reconfigure(c, self._orderings[c.ordering])
+            queues[c.name] = q
+        self._queues = queues
+        self._tenant_caps = caps
+        self._tenant_names = frozenset(params.weights)
+        running: dict[str, int] = {}
+        for r in self._running.values():
+            if r.request.tenant in caps:
+                running[r.request.tenant] = running.get(r.request.tenant, 0) + 1
+        self._tenant_running = running
         self._routing = routing
 
     # ----------------------------------------------------------------- queue events

@@ -173,7 +173,7 @@ def build_router(
     async def create_batch(request: Request) -> JSONResponse:
         svc, owner = ready(request)
         assert settings is not None
-        lim = settings.limits
+        lim = svc.gw.settings.limits  # live: a reload may change them
         body = decode_json(await read_body(request, lim.max_body_bytes), lim.max_json_depth)
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")

@@ -74,6 +74,11 @@ class FairShare(Protocol):
         """Each known tenant's service counter (a copy; weighted tokens)."""
         ...
 
+    def set_params(self, params: FairShareParams) -> None:
+        """Charge later service with ``params`` (new weights after a settings reload);
+        the counters so far stay as they are."""
+        ...
+
 
 FairShareFactory = Callable[[FairShareParams], FairShare]
 """Builds one fair-share instance (one per class) from the shared parameters."""

@@ -43,6 +43,10 @@ class FcfsShare:
         """A copy of every known counter."""
         return dict(self._counter)
 
+    def set_params(self, params: FairShareParams) -> None:
+        """Weigh later charges with ``params``; counters so far are kept."""
+        self._params = params
+
     def snapshot(self) -> dict[str, float]:
         """Nothing: arrival order keeps no fair-share state to carry over a restart (the
         counters are for the metrics and start again from zero)."""

@@ -84,6 +84,10 @@ class Vtc:
         """A copy of every known counter."""
         return dict(self._counter)
 
+    def set_params(self, params: FairShareParams) -> None:
+        """Weigh later charges with ``params``; counters so far are kept."""
+        self._params = params
+
     def _floor(self) -> float:
         # What a tenant becoming backlogged now is lifted to (if below): the smallest
         # backlogged counter, else the counter of the last to leave the backlog, else 0.
