@@ -19,7 +19,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hearthgate.gateway.errors import ClientGone, GatewayError, NoWorkerAvailable, RateLimited
+from hearthgate.gateway.errors import (
+    ClientGone,
+    GatewayError,
+    NoWorkerAvailable,
+    RateLimited,
+    class_gone,
+)
 from hearthgate.policies.estimators import DrainRate, PrefillRates
 from hearthgate.policies.pacing import DecodePacer, PacingRule
 from hearthgate.policies.scheduler import Scheduler
@@ -180,6 +186,9 @@ class AdmissionController:
                 retry_after_s=self.drain.retry_after(req.cls, len(self._bytes), now),
                 code="queue_bytes_full",
             )
+        if not self.scheduler.has_class(req.cls):  # removed by a reload since it arrived
+            self._reject(req, "class_removed")
+            raise class_gone(req.cls, self._retry_after_s)
         rejection = self.scheduler.enqueue(req, now)
         if rejection is not None:
             self._reject(req, rejection.reason)

@@ -29,6 +29,7 @@ from hearthgate.gateway.errors import (
     GatewayError,
     ModelNotFound,
     NoWorkerAvailable,
+    class_gone,
     error_response,
 )
 from hearthgate.gateway.lease import FirstByteTimeout, Lease, LeaseBook, WorkerLost
@@ -326,7 +327,9 @@ class Gateway:
         c: Classification,
         received_at: float,
     ) -> Response:
-        cls = self.settings.classes[c.cls]
+        cls = self.settings.classes.get(c.cls)
+        if cls is None:  # a reload removed the class while the request was being read
+            raise class_gone(c.cls, self.settings.health.retry_after_s)
         first_byte_s = (
             cls.first_byte_timeout_ms / 1000
             if cls.first_byte_timeout_ms is not None

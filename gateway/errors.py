@@ -116,6 +116,15 @@ class NoWorkerAvailable(GatewayError):
     outcome = Outcome.UNAVAILABLE
 
 
+def class_gone(cls: str, retry_after_s: int) -> NoWorkerAvailable:
+    """A request classified into a class that a settings reload removed before it queued."""
+    return NoWorkerAvailable(
+        f"class {cls} was removed by a settings reload while this request arrived; retry",
+        retry_after_s=retry_after_s,
+        code="class_removed",
+    )
+
+
 class UpstreamFailed(GatewayError):
     """The worker broke the connection or timed out after it had accepted the request."""
 

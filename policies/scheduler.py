@@ -407,6 +407,10 @@ class Scheduler:
         """Every configured class by name, in configuration order."""
         return {name: q.policy for name, q in self._queues.items()}
 
+    def has_class(self, name: str) -> bool:
+        """Whether ``name`` is a configured class (``enqueue`` refuses others)."""
+        return name in self._queues
+
     @property
     def queued_count(self) -> int:
         """Requests queued in all classes."""

@@ -211,3 +211,14 @@ async def test_streamed_gaps_pace_background_admissions() -> None:
     (await asyncio.wait_for(waiter, 1.0)).finish(10, 5)
     chat.finish(10, 5)
     bg[3].finish(10, 5)
+
+
+async def test_a_class_removed_by_a_reload_is_a_clean_503_not_a_crash() -> None:
+    """A request classified just before a reload removed its class: 503 with Retry-After
+    (a retry is classified under the new settings), nothing left in the controller."""
+    ctl, clock, sched = make()
+    req = QueuedRequest("r1", "rag", "app", clock(), 2, 10, 5)
+    with pytest.raises(NoWorkerAvailable) as err:
+        await ctl.admit(req)
+    assert err.value.code == "class_removed" and err.value.retry_after_s is not None
+    assert ctl.waiting == 0 and sched.queued_count == 0
