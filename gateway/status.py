@@ -54,6 +54,7 @@ def render_status(
     classes = scheduler.classes
     queues = {
         cls: {
+            "priority": classes[cls].priority,
             "interactive": classes[cls].interactive,
             "ttft_target_s": classes[cls].ttft_s,
             "itl_target_s": classes[cls].itl_s,
