@@ -140,6 +140,38 @@ def test_hashed_app_key_authenticates_with_the_plain_key(keyed_gateway: str) -> 
     assert [m["id"] for m in listed.json()["data"]] == ["m"]
 
 
+def test_hearthgate_reload_command(keyed_gateway: str, tmp_path: Path) -> None:
+    """`hearthgate reload` finds the gateway from the file's listen address and presents
+    the admin key named by auth.admin_key_env; every refusal is a clear line and exit 1
+    or 2, never a traceback."""
+    port = int(keyed_gateway.rsplit(":", 1)[1])
+    config = str(RUN_DIR / f"auth-{port}.yaml")
+    done = _hearthgate("reload", "--config", config)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "reloaded: nothing changed"
+    status = httpx.get(keyed_gateway + "/status", headers={"Authorization": f"Bearer {ADMIN}"})
+    assert status.json()["settings"]["last_reload"]["ok"] is True
+    assert status.json()["settings"]["path"] == config
+
+    no_key = _hearthgate("reload", "--config", config, "--key-env", "HG_TEST_NO_SUCH_VAR")
+    assert no_key.returncode == 1
+    assert no_key.stderr.strip() == (
+        f"hearthgate: {keyed_gateway} answered 401: "
+        "missing admin key: send 'Authorization: Bearer <admin key>'"
+    )
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("workers: [")
+    refused = _hearthgate("reload", "--config", str(bad))
+    assert refused.returncode == 2
+    assert "is not valid YAML" in refused.stderr
+    assert refused.stderr.strip().endswith("the running gateway keeps its settings")
+    nobody = f"http://127.0.0.1:{free_port()}"
+    gone = _hearthgate("reload", "--config", config, "--url", nobody)
+    assert gone.returncode == 1
+    assert gone.stderr.startswith(f"hearthgate: no gateway answered at {nobody}: ")
+    assert "Traceback" not in done.stderr + no_key.stderr + refused.stderr + gone.stderr
+
+
 # ----- what `make run` prints, against a gateway started the way it starts one -----
 
 
