@@ -357,7 +357,7 @@ class Gateway:
                 endpoint=parsed.endpoint,
                 sequences=sequences,
             )
-            healthy = any(self.pool.by_name[n].up is not False for n in workers)
+            healthy = self.pool.any_up(workers)
             try:
                 worker = await lease.admit(req, eligible_healthy=healthy)
             except ClientGone:

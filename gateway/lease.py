@@ -198,7 +198,7 @@ class Lease:
             if self.phase is Phase.QUEUED:
                 self.phase = Phase.NEW
         self.ticket = ticket
-        self.worker = self._pool.by_name[ticket.worker]
+        self.worker = self._pool.state(ticket.worker)
         self._pool.acquire(self.worker)
         self.phase = Phase.ADMITTED
         if self._lost is not None and self._lost.done():  # cut while it was queued: reset

@@ -117,6 +117,8 @@ class WorkerPool:
         self._metrics = metrics
         self._clock = clock
         self._task: asyncio.Task[None] | None = None
+        # Workers a reload removed: an admission decided just before still reaches them.
+        self._retired: dict[str, WorkerState] = {}
         for w in self.workers:
             metrics.in_flight.labels(w.name).set(0)
             metrics.worker_up.labels(w.name).set(0)
@@ -142,13 +144,26 @@ class WorkerPool:
         for gone in self.workers:
             if gone.name not in names:
                 log.info("worker %s removed from the settings", gone.name)
+                self._retired[gone.name] = gone
                 with contextlib.suppress(KeyError):
                     self._metrics.worker_up.remove(gone.name)
+        for name in names:
+            self._retired.pop(name, None)
         self.workers = states
         self.by_name = {w.name: w for w in states}
         self._budgets = {w.name: worker_budget(w.limits) for w in workers}
         self._health = health
         return fresh
+
+    def state(self, name: str) -> WorkerState:
+        """The worker called ``name``, also if a reload removed it since (KeyError if it
+        never was one)."""
+        found = self.by_name.get(name)
+        return found if found is not None else self._retired[name]
+
+    def any_up(self, names: Collection[str]) -> bool:
+        """Whether one of these configured workers is not known to be down."""
+        return any(w.up is not False for n in names if (w := self.by_name.get(n)) is not None)
 
     def for_model(self, model: str) -> list[WorkerState]:
         return [w for w in self.workers if model in w.spec.models]

@@ -106,3 +106,22 @@ async def test_scrapes_report_the_prefill_done_between_them() -> None:
     assert len(seen) == 1
     (worker, tokens, seconds) = seen[0]
     assert worker == "w" and tokens == 4000 and abs(seconds - 0.1) < 1e-9
+
+
+def test_reconfigure_keeps_state_adds_fresh_workers_and_retires_removed_ones() -> None:
+    w0 = Worker(name="w0", url="http://w0", models=["m"])
+    w1 = Worker(name="w1", url="http://w1", models=["m"])
+    pool = WorkerPool([w0], Health(), GatewayMetrics(["m"]))
+    old = pool.by_name["w0"]
+    old.up = True
+    pool.acquire(old)
+    fresh = pool.reconfigure([w0.model_copy(update={"models": ["m", "n"]}), w1], Health())
+    assert [w.name for w in fresh] == ["w1"] and fresh[0].up is None
+    assert pool.by_name["w0"] is old and old.spec.models == ["m", "n"] and old.in_flight == 1
+    moved = pool.reconfigure([w0.model_copy(update={"url": "http://elsewhere"})], Health())
+    assert [w.name for w in moved] == ["w0"] and moved[0] is not old  # a new address: checked
+    assert pool.state("w1").name == "w1"  # removed, still reachable for an admission in flight
+    assert pool.any_up(["w1"]) is False  # ...but never offered again
+    assert [w.name for w in pool.snapshots()] == ["w0"]
+    pool.release(old)  # the request on the old address ends on the old state
+    assert old.in_flight == 0
