@@ -46,6 +46,7 @@ class Ticket:
     _first_token_seen: bool = field(default=False)
     _prefill_released: bool = field(default=False)
     _last_token: tuple[float, int] | None = field(default=None)  # (time, tokens so far)
+    queued_behind: int = 0  # requests queued ahead of it when it arrived (Scheduler.ahead)
 
     def first_token(self, observed: bool = True) -> None:
         """The first token arrived (``observed``) or the prefill is estimated to be over:
@@ -140,6 +141,7 @@ class AdmissionController:
         self._max_queued_bytes = max_queued_bytes
         self._queued_by_app: dict[str, int] = {}
         self._bytes: dict[str, int] = {}  # request id -> body bytes while queued
+        self._labels: dict[str, str] = {}  # request id -> the client's X-Request-Id
         self.queued_bytes = 0
         self._retry_after_s = retry_after_s
         self._closing: GatewayError | None = None
@@ -152,6 +154,7 @@ class AdmissionController:
         disconnected: Callable[[], Awaitable[object]] | None = None,
         eligible_healthy: bool = True,
         body_bytes: int = 0,
+        label: str | None = None,
     ) -> Ticket:
         """Queue ``req`` and wait until it is admitted.
 
@@ -160,7 +163,8 @@ class AdmissionController:
         or while it waits; the gateway is shutting down) or ClientGone. ``disconnected``
         makes an awaitable that completes when the client goes away; if it does first, the
         request leaves the queue without a trace. ``body_bytes``: what its body holds in
-        memory while it waits.
+        memory while it waits. ``label``: the client's own name for the request (its
+        X-Request-Id), shown by ``queue_of`` while it waits.
         """
         now = self.clock()
         if self._closing is not None:
@@ -204,6 +208,9 @@ class AdmissionController:
         self._queued_by_app[req.tenant] = self._queued_by_app.get(req.tenant, 0) + 1
         self._bytes[req.id] = body_bytes
         self.queued_bytes += body_bytes
+        if label is not None:
+            self._labels[req.id] = label
+        behind = self.scheduler.ahead(req.id) or 0
         self.pump()
         watcher: asyncio.Future[object] | None = None
         try:
@@ -232,7 +239,7 @@ class AdmissionController:
         admitted_at = self.clock()
         if self._on_admit is not None:
             self._on_admit(req, admitted_at - req.arrival)
-        return Ticket(req, worker, admitted_at, self)
+        return Ticket(req, worker, admitted_at, self, queued_behind=behind)
 
     def _reject(self, req: QueuedRequest, reason: str) -> None:
         if self._on_reject is not None:
@@ -243,6 +250,32 @@ class AdmissionController:
             "no worker that serves this model is reachable; try again shortly",
             retry_after_s=self._retry_after_s,
         )
+
+    def queue_of(self, app: str) -> list[dict[str, Any]]:
+        """The app's requests waiting now, oldest first: class, wait so far, roughly how
+        many requests go before each (``Scheduler.ahead``) and a wait estimate from how
+        fast requests finished lately (None before any finished)."""
+        now = self.clock()
+        rate = self.drain.total_rate(now)
+        out: list[dict[str, Any]] = []
+        mine = sorted(
+            (r for r in self._requests.values() if r.tenant == app),
+            key=lambda r: (r.arrival, r.id),
+        )
+        for r in mine:
+            ahead = self.scheduler.ahead(r.id)
+            if ahead is None:
+                continue  # admitted this instant
+            out.append(
+                {
+                    "request_id": self._labels.get(r.id),
+                    "class": r.cls,
+                    "waited_ms": round(max(0.0, now - r.arrival) * 1000),
+                    "ahead": ahead,
+                    "estimated_wait_s": round((ahead + 1) / rate, 1) if rate > 0 else None,
+                }
+            )
+        return out
 
     @property
     def waiting(self) -> int:
@@ -269,6 +302,7 @@ class AdmissionController:
             else:
                 self._queued_by_app.pop(req.tenant, None)
         self.queued_bytes -= self._bytes.pop(req_id, 0)
+        self._labels.pop(req_id, None)
 
     def reconfigure(
         self,

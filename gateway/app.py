@@ -19,6 +19,7 @@ from hearthgate.gateway.auth import AdminGuard, warn_if_anonymous
 from hearthgate.gateway.batches.api import build_router, owner_name
 from hearthgate.gateway.batches.service import BatchService
 from hearthgate.gateway.batches.service import describe as describe_batches
+from hearthgate.gateway.classify import ANONYMOUS
 from hearthgate.gateway.core import ROUTES, Gateway
 from hearthgate.gateway.dashboard import status_page
 from hearthgate.gateway.errors import (
@@ -185,6 +186,15 @@ def create_app(
     @app.get("/v1/models", dependencies=[Depends(app_key)])
     async def models() -> JSONResponse:
         return JSONResponse(gw.list_models())
+
+    @app.get("/v1/hearthgate/queue")
+    async def queue(request: Request) -> JSONResponse:
+        """The calling app's requests waiting now, with their place in line (the app's key
+        decides whose; another app's requests are never shown)."""
+        found = gw.classifier.authenticate(request.headers.get("authorization"))
+        name = found.name if found is not None else ANONYMOUS
+        data = gw.admission.queue_of(name)
+        return JSONResponse({"object": "list", "app": name, "data": data})
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:

@@ -307,7 +307,10 @@ class Gateway:
             self.metrics.count(route, model, exc.status)
             await error_response(exc)(scope, receive, send)
             return
-        async with Lease(self.leases, self.admission, self.pool, receive, len(raw)) as lease:
+        label = request.headers.get("x-request-id")
+        label = label[:128] if label else None
+        lease = Lease(self.leases, self.admission, self.pool, receive, len(raw), label)
+        async with lease:
             try:
                 response = await self._dispatch(lease, route, parsed, c, received_at)
             except ClientGone:

@@ -125,8 +125,10 @@ class Lease:
         pool: WorkerPool,
         receive: Receive | None = None,
         body_bytes: int = 0,
+        label: str | None = None,
     ) -> None:
         self._book = book
+        self._label = label
         self._admission = admission
         self._pool = pool
         self._receive = receive
@@ -192,7 +194,7 @@ class Lease:
         self.phase = Phase.QUEUED
         try:
             ticket = await self._admission.admit(
-                req, self.wait_gone, eligible_healthy, body_bytes=self.body_bytes
+                req, self.wait_gone, eligible_healthy, self.body_bytes, self._label
             )
         finally:
             if self.phase is Phase.QUEUED:
@@ -226,13 +228,18 @@ class Lease:
             self._lost = asyncio.get_running_loop().create_future()
 
     def queue_headers(self) -> dict[str, str]:
-        """Response headers an app may show its user: the class the request ran in and how
-        long it waited before a worker took it (failed-over attempts included)."""
+        """Response headers an app may show its user: the class the request ran in, how
+        long it waited before a worker took it (failed-over attempts included) and how many
+        requests were queued ahead of it when it arrived."""
         t = self.ticket
         if t is None:
             return {}
         waited_ms = max(0.0, t.admitted_at - t.request.arrival) * 1000
-        return {"x-hearthgate-class": t.request.cls, "x-hearthgate-queued-ms": f"{waited_ms:.0f}"}
+        return {
+            "x-hearthgate-class": t.request.cls,
+            "x-hearthgate-queued-ms": f"{waited_ms:.0f}",
+            "x-hearthgate-queued-behind": str(t.queued_behind),
+        }
 
     def hand_over(self) -> Ticket:
         """Hand this attempt's admission (its ticket and the worker's in-flight count) to

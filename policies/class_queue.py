@@ -132,6 +132,10 @@ class ClassQueue:
         """Weigh later charges with ``params`` (new tenant weights or w_in/w_out)."""
         self._fair.set_params(params)
 
+    def arrived_before(self, req_id: str) -> int:
+        """How many queued requests of this class arrived before ``req_id`` (queued)."""
+        return bisect_left(self._by_arrival, _arrival_key(self._ids[req_id]), key=_arrival_key)
+
     def oldest(self) -> QueuedRequest | None:
         """The queued request with the earliest arrival (then id), or None."""
         return self._by_arrival[0] if self._by_arrival else None

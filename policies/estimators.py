@@ -44,6 +44,10 @@ class DrainRate:
         self._trim(ends, now)
         return len(ends) / self._window
 
+    def total_rate(self, now: float) -> float:
+        """Requests of all classes finished per second over the window."""
+        return sum(self.rate(cls, now) for cls in list(self._ends))
+
     def retry_after(self, cls: str, queued: int, now: float, fallback_s: int = 5) -> int:
         """Seconds until the queue ahead should have drained: depth / rate, 1 to 300."""
         r = self.rate(cls, now)

@@ -425,6 +425,18 @@ class Scheduler:
         """Whether ``req_id`` is waiting in a queue."""
         return req_id in self._queued
 
+    def ahead(self, req_id: str) -> int | None:
+        """Roughly how many queued requests go before ``req_id``: those of higher-priority
+        classes and those of its own class that arrived before it (the exact order also
+        depends on fair shares, starvation guards and which workers are free). None if it
+        is not queued."""
+        cls = self._queued.get(req_id)
+        if cls is None:
+            return None
+        q = self._queues[cls]
+        higher = sum(len(o) for o in self._queues.values() if o.policy.priority < q.policy.priority)
+        return higher + q.arrived_before(req_id)
+
     def worker_of(self, req_id: str) -> str | None:
         """The worker an in-flight request was admitted to, None if it is not in flight."""
         run = self._running.get(req_id)

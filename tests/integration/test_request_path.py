@@ -145,13 +145,21 @@ async def test_answers_say_their_class_and_how_long_they_waited_in_line() -> Non
         await until(lambda: len(up.posts) == 1)
         second = post(gw, {**COMPLETION, "prompt": "second"})
         await until(lambda: gw.scheduler.queued_count == 1)
+        third = post(gw, {**COMPLETION, "prompt": "third"})
+        await until(lambda: gw.scheduler.queued_count == 2)
         now[0] += 0.25  # the second waits a quarter of a second behind the first
         gate.set()
-        await first.done()
-        await second.done()
+        for ex in (first, second, third):
+            await ex.done()
         assert first.headers["x-hearthgate-queued-ms"] == "0"
         assert second.headers["x-hearthgate-queued-ms"] == "250"
         assert second.headers["x-hearthgate-class"] == "chat"
+        # requests queued ahead when each arrived (the running first one is not queued)
+        assert [ex.headers["x-hearthgate-queued-behind"] for ex in (first, second, third)] == [
+            "0",
+            "0",
+            "1",
+        ]
         assert idle(gw)
     finally:
         await gw.stop()
