@@ -434,8 +434,12 @@ _JS = r"""
     renderChart(s, now);
     renderJobs(s);
     $("content").hidden = false;
+    var cfg = s.settings || {}, last = cfg.last_reload;
+    var loaded = cfg.loaded_at ? " · settings loaded " +
+      new Date(cfg.loaded_at * 1000).toLocaleTimeString() : "";
+    if (last && !last.ok) loaded += " (the last reload was refused: " + last.error + ")";
     $("footer").textContent = "Up " + dur(s.uptime_s) + " · updated " +
-      new Date(now).toLocaleTimeString() + " · refreshes every 2 s";
+      new Date(now).toLocaleTimeString() + loaded + " · refreshes every 2 s";
   }
 
   function unreachable(why) {

@@ -191,6 +191,7 @@ def test_desktop_shows_headline_workers_and_classes(browser: Browser, gw: str) -
     expect(page.locator("#queues [data-cls]")).to_have_count(5)
     expect(page.locator("#workers-up")).to_have_text("1/1")
     expect(page.locator("#jobs-card")).to_be_hidden()  # no Redis: no Batch API
+    expect(page.locator("footer")).to_contain_text("settings loaded ")
     # it polls: a second /status within a few seconds
     page.wait_for_function(
         "n => performance.getEntriesByType('resource')"

@@ -84,6 +84,8 @@ def test_gateway_unit_runs_hearthgate_serve_on_the_settings(gateway: Unit) -> No
     assert one(gateway, "Service", "EnvironmentFile") == "/etc/hearthgate/keys.env"
     assert one(gateway, "Service", "Restart") == "on-failure"
     assert one(gateway, "Install", "WantedBy") == "multi-user.target"
+    # `systemctl reload` is the gateway's settings reload (SIGHUP, gateway/serve.py)
+    assert one(gateway, "Service", "ExecReload") == "/bin/kill -HUP $MAINPID"
 
 
 def test_gateway_unit_is_hardened(gateway: Unit) -> None:
