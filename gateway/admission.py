@@ -14,6 +14,7 @@ import contextlib
 import heapq
 import itertools
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -29,7 +30,7 @@ from hearthgate.gateway.errors import (
 from hearthgate.policies.estimators import DrainRate, PrefillRates
 from hearthgate.policies.pacing import DecodePacer, PacingRule
 from hearthgate.policies.scheduler import Scheduler
-from hearthgate.policies.types import QueuedRequest, WorkerSnapshot
+from hearthgate.policies.types import QueuedRequest, Rejection, WorkerSnapshot
 
 log = logging.getLogger("hearthgate.admission")
 
@@ -193,15 +194,10 @@ class AdmissionController:
         if not self.scheduler.has_class(req.cls):  # removed by a reload since it arrived
             self._reject(req, "class_removed")
             raise class_gone(req.cls, self._retry_after_s)
-        rejection = self.scheduler.enqueue(req, now)
+        rejection = self.scheduler.enqueue(req, now, self.drain.rate(req.cls, now))
         if rejection is not None:
             self._reject(req, rejection.reason)
-            raise RateLimited(
-                f"the {req.cls} queue is full ({rejection.queued} requests, "
-                f"{rejection.queued_tokens} tokens); retry later",
-                retry_after_s=self.drain.retry_after(req.cls, rejection.queued, now),
-                code=rejection.reason,
-            )
+            raise self._shed(rejection, now)
         fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._waiters[req.id] = fut
         self._requests[req.id] = req
@@ -240,6 +236,22 @@ class AdmissionController:
         if self._on_admit is not None:
             self._on_admit(req, admitted_at - req.arrival)
         return Ticket(req, worker, admitted_at, self, queued_behind=behind)
+
+    def _shed(self, rejection: Rejection, now: float) -> RateLimited:
+        if rejection.retry_after_s is not None:
+            return RateLimited(
+                f"the {rejection.cls} queue would keep this request past its first-token "
+                f"target ({rejection.queued} requests waiting); retry in "
+                f"{math.ceil(rejection.retry_after_s)} s",
+                retry_after_s=min(300, math.ceil(rejection.retry_after_s)),
+                code=rejection.reason,
+            )
+        return RateLimited(
+            f"the {rejection.cls} queue is full ({rejection.queued} requests, "
+            f"{rejection.queued_tokens} tokens); retry later",
+            retry_after_s=self.drain.retry_after(rejection.cls, rejection.queued, now),
+            code=rejection.reason,
+        )
 
     def _reject(self, req: QueuedRequest, reason: str) -> None:
         if self._on_reject is not None:

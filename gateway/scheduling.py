@@ -25,6 +25,7 @@ def class_policy(name: str, c: RequestClass) -> ClassPolicy:
         max_queue=c.max_queue,
         max_queued_tokens=c.max_queued_tokens,
         queue_timeout_s=_ms(c.queue_timeout_ms),
+        shed_late=c.shed_late,
         ordering=c.ordering,
         fair_share=c.fair_share,
     )

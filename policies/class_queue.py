@@ -132,6 +132,17 @@ class ClassQueue:
         """Weigh later charges with ``params`` (new tenant weights or w_in/w_out)."""
         self._fair.set_params(params)
 
+    def ahead_of_new(self, tenant: str) -> int:
+        """Roughly how many queued requests would go before a new one of ``tenant``: with
+        arrival order between tenants (fcfs), all of them; with fair sharing, the tenant's
+        own queued requests and about as many of each other backlogged tenant's (so a light
+        app is not held to account for a heavy one's backlog)."""
+        if self.policy.fair_share == "fcfs":
+            return len(self._ids)
+        own = len(self._tenants.get(tenant, ()))
+        others = len(self._tenants) - (1 if tenant in self._tenants else 0)
+        return min(len(self._ids), own * (others + 1))
+
     def arrived_before(self, req_id: str) -> int:
         """How many queued requests of this class arrived before ``req_id`` (queued)."""
         return bisect_left(self._by_arrival, _arrival_key(self._ids[req_id]), key=_arrival_key)

@@ -19,7 +19,7 @@ from hearthgate.policies.ordering import ORDERINGS, OrderingPolicy
 from hearthgate.policies.placement import Blocked, place
 from hearthgate.policies.routing import DEFAULT_POLICY, RoutingPolicy, route
 from hearthgate.policies.shares import ShareLedger
-from hearthgate.policies.shedding import check_enqueue
+from hearthgate.policies.shedding import check_enqueue, check_late
 from hearthgate.policies.types import (
     Admission,
     ClassPolicy,
@@ -210,8 +210,11 @@ class Scheduler:
 
     # ----------------------------------------------------------------- queue events
 
-    def enqueue(self, req: QueuedRequest, now: float) -> Rejection | None:
-        """Queue ``req``, or return why it is shed (class queue at its count/token cap).
+    def enqueue(self, req: QueuedRequest, now: float, drain_rate: float = 0.0) -> Rejection | None:
+        """Queue ``req``, or return why it is shed: the class queue is at its count/token
+        cap, or (``shed_late`` classes) the requests ahead of it, at ``drain_rate``
+        requests of its class finished a second, would already keep it past its first-token
+        target (``policies.shedding.check_late``; 0: rate unknown, never shed for that).
 
         Raises ValueError for an unknown class or an id the scheduler already holds.
         """
@@ -220,7 +223,9 @@ class Scheduler:
             raise ValueError(f"request {req.id}: unknown class {req.cls!r}")
         if req.id in self._queued or req.id in self._running:
             raise ValueError(f"request {req.id} is already queued or in flight")
-        rejection = check_enqueue(q.policy, len(q), q.tokens, req)
+        rejection = check_enqueue(q.policy, len(q), q.tokens, req) or check_late(
+            q.policy, q.ahead_of_new(req.tenant), drain_rate, len(q), q.tokens
+        )
         if rejection is not None:
             return rejection
         if not len(q):

@@ -1,4 +1,5 @@
-"""Shedding at enqueue: per-class queue caps by count and by queued prompt tokens."""
+"""Shedding at enqueue: per-class queue caps by count and by queued prompt tokens, and
+background requests that could no longer meet their class's first-token target."""
 
 from __future__ import annotations
 
@@ -19,6 +20,36 @@ def check_enqueue(
     if cap is not None and queued > 0 and queued_tokens + req.prompt_tokens > cap:
         return Rejection("queue_tokens_full", policy.name, queued, queued_tokens)
     return None
+
+
+def check_late(
+    policy: ClassPolicy,
+    ahead: int,
+    drain_rate: float,
+    queued: int,
+    queued_tokens: int,
+) -> Rejection | None:
+    """Refuse a background request that would miss its class's first-token target already
+    in the queue: ``ahead`` requests go before it and the class finishes ``drain_rate``
+    requests a second, so it would wait ``ahead / drain_rate`` seconds; past ``ttft_s`` it
+    is refused, with the time until the queue has drained to where it could make it again
+    (at least 1 s) as the wait to suggest.
+
+    Only for classes with ``shed_late``, not interactive, with a ``ttft_s`` target; never
+    before the class has a measured drain rate, and never for a request with nothing ahead
+    of it, so the worker always has the class's next request at hand.
+    """
+    target = policy.ttft_s
+    if not policy.shed_late or policy.interactive or target is None:
+        return None
+    if ahead <= 0 or drain_rate <= 0:
+        return None
+    wait = ahead / drain_rate
+    if wait <= target:
+        return None
+    return Rejection(
+        "target_unreachable", policy.name, queued, queued_tokens, max(1.0, wait - target)
+    )
 
 
 def is_expired(policy: ClassPolicy, req: QueuedRequest, now: float) -> bool:

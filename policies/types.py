@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
-RejectReason = Literal["queue_full", "queue_tokens_full"]
-"""Why ``enqueue`` refused a request: the class queue is at its count or token cap."""
+RejectReason = Literal["queue_full", "queue_tokens_full", "target_unreachable"]
+"""Why ``enqueue`` refused a request: the class queue is at its count or token cap, or the
+wait ahead of it already exceeds its class's first-token target (``ClassPolicy.shed_late``)."""
 
 
 def _require(ok: bool, what: str) -> None:
@@ -85,7 +86,9 @@ class ClassPolicy:
     saturation. ``min_share`` is a floor on the class's share of dispatched tokens while it is
     backlogged; ``max_wait_s`` the wait of its oldest request after which the class goes first.
     ``max_queue`` / ``max_queued_tokens`` cap the queue (count / prompt-token estimate);
-    ``queue_timeout_s`` expires queued requests. ``ordering`` names the policy inside a tenant
+    ``queue_timeout_s`` expires queued requests. ``shed_late``: a background class with a
+    ``ttft_s`` target refuses a request whose predicted wait already exceeds it (see
+    ``policies.shedding.check_late``). ``ordering`` names the policy inside a tenant
     and ``fair_share`` the policy between tenants (keys of the registries in
     ``policies.ordering`` and ``policies.fairness``). ``None`` means "no limit" throughout.
     """
@@ -102,6 +105,7 @@ class ClassPolicy:
     queue_timeout_s: float | None = None
     ordering: str = "fcfs"
     fair_share: str = "vtc"
+    shed_late: bool = False
 
     def __post_init__(self) -> None:
         n = self.name
@@ -233,12 +237,14 @@ class WorkerSnapshot:
 @dataclass(frozen=True, slots=True)
 class Rejection:
     """``enqueue`` refused the request; ``queued`` / ``queued_tokens`` describe the class
-    queue at that moment (for a ``Retry-After`` estimate)."""
+    queue at that moment (for a ``Retry-After`` estimate); ``retry_after_s``, when set, is
+    the wait the shedding rule itself justifies."""
 
     reason: RejectReason
     cls: str
     queued: int
     queued_tokens: int
+    retry_after_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

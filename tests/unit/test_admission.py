@@ -222,3 +222,27 @@ async def test_a_class_removed_by_a_reload_is_a_clean_503_not_a_crash() -> None:
         await ctl.admit(req)
     assert err.value.code == "class_removed" and err.value.retry_after_s is not None
     assert ctl.waiting == 0 and sched.queued_count == 0
+
+
+async def test_late_shedding_is_a_429_with_the_wait_the_drain_rate_justifies() -> None:
+    clock = Clock()
+    sched = Scheduler([ClassPolicy("rag", 2, ttft_s=3.0, shed_late=True)])
+    snaps = [WorkerSnapshot("w0", limits=WorkerBudget(max_in_flight=1))]
+    ctl = AdmissionController(sched, lambda: snaps, clock=clock)
+    for i in range(30):  # 30 finished in the last 30 s: 1 request a second
+        ctl.drain.record("rag", clock() - i * 0.5)
+    running = await ctl.admit(QueuedRequest("r0", "rag", "app", clock(), 2, 10, 5))
+    waiters = [
+        asyncio.create_task(ctl.admit(QueuedRequest(f"r{i}", "rag", "app", clock(), 2, 10, 5)))
+        for i in range(1, 5)
+    ]
+    await until(lambda: ctl.waiting == 4)  # 4 ahead at 1/s: 4 s, past the 3 s target
+    with pytest.raises(RateLimited) as err:
+        await ctl.admit(QueuedRequest("r9", "rag", "app", clock(), 2, 10, 5))
+    assert err.value.code == "target_unreachable"
+    assert err.value.retry_after_s == 1
+    assert "past its first-token target" in str(err.value)
+    assert ctl.waiting == 4
+    running.finish(10, 5)
+    for w in waiters:
+        w.cancel()

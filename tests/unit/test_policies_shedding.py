@@ -156,3 +156,57 @@ def test_requests_cancelled_on_arrival_change_no_decision(
     for at, g in sorted(ghosts, key=lambda x: x[0], reverse=True):
         haunted.insert(min(at, len(haunted)), g)
     assert run_log(haunted, limits).trace == run_log(log, limits).trace
+
+
+# ------------------------------------------------- late shedding (ClassPolicy.shed_late)
+
+LATE_RAG = with_(RAG, shed_late=True)  # ttft_s 3.0
+
+
+def fill(sched: Scheduler, n: int, tenant: str = "a", cls: str = "rag") -> None:
+    for i in range(n):
+        assert sched.enqueue(req(f"{tenant}{i}", cls, tenant, arrival=i), 0.0) is None
+
+
+def test_a_request_that_would_wait_past_its_target_is_shed_with_a_justified_wait() -> None:
+    sched = Scheduler([CHAT, LATE_RAG])
+    fill(sched, 6)  # at 2 requests/s, 6 ahead is a 3 s wait: still within the target
+    assert sched.enqueue(req("a6", "rag", "a"), 0.0, drain_rate=2.0) is None
+    got = sched.enqueue(req("a7", "rag", "a"), 0.0, drain_rate=2.0)  # 7 ahead: 3.5 s
+    assert got == Rejection("target_unreachable", "rag", 7, 70, 1.0)
+    got = sched.enqueue(req("a8", "rag", "a"), 0.0, drain_rate=0.5)  # 14 s: retry in 11 s
+    assert got is not None and got.retry_after_s == pytest.approx(11.0)
+    assert sched.queued_count == 7  # the shed requests left no trace
+
+
+def test_no_shedding_without_a_drain_rate_or_with_nothing_ahead() -> None:
+    sched = Scheduler([CHAT, LATE_RAG])
+    fill(sched, 50)
+    assert sched.enqueue(req("x", "rag", "a"), 0.0, drain_rate=0.0) is None  # rate unknown
+    empty = Scheduler([CHAT, LATE_RAG])
+    assert empty.enqueue(req("y", "rag", "a"), 0.0, drain_rate=0.001) is None
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [RAG, with_(CHAT, shed_late=True), with_(RAG, shed_late=True, ttft_s=None)],
+    ids=["not asked", "interactive", "no target"],
+)
+def test_only_background_classes_with_a_target_that_ask_for_it_shed(policy: Any) -> None:
+    sched = Scheduler([policy])
+    fill(sched, 50, cls=policy.name)
+    assert sched.enqueue(req("x", policy.name, "a"), 0.0, drain_rate=1.0) is None
+
+
+def test_a_light_app_is_not_shed_for_a_heavy_apps_backlog() -> None:
+    """With fair sharing, a request of an app with nothing queued goes near the front: it
+    is not refused because another app filled the queue; the flooding app is."""
+    sched = Scheduler([LATE_RAG], [TenantPolicy("heavy"), TenantPolicy("light")])
+    fill(sched, 20, tenant="heavy")
+    assert sched.enqueue(req("l0", "rag", "light"), 0.0, drain_rate=2.0) is None
+    got = sched.enqueue(req("h20", "rag", "heavy"), 0.0, drain_rate=2.0)
+    assert got is not None and got.reason == "target_unreachable"
+    fcfs = Scheduler([with_(LATE_RAG, fair_share="fcfs")])
+    fill(fcfs, 20, tenant="heavy")  # arrival order between apps: everyone is behind all
+    got = fcfs.enqueue(req("l0", "rag", "light"), 0.0, drain_rate=2.0)
+    assert got is not None and got.reason == "target_unreachable"
