@@ -252,6 +252,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return run_sweep(args)
 
 
+def cmd_matrix(args: argparse.Namespace) -> int:
+    from hearthgate.loadtests.scenario_matrix import run_matrix_command
+
+    return run_matrix_command(args)
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     raw = Path(args.raw_dir)
     sc, summary, outcomes = bench.rebuild(raw)
@@ -372,7 +378,39 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--classes", help="scale only these classes' rates (comma-separated)")
     s.add_argument("--threshold", type=float, default=0.9, help="interactive attainment bar")
     s.add_argument("--repeat", type=int, default=1)
+    s.add_argument(
+        "--interleave",
+        action="store_true",
+        help="run round by round over all targets and rates (the box drifts between runs); "
+        "workers restart whenever the next target needs other vLLM flags",
+    )
     s.set_defaults(func=cmd_sweep)
+
+    m = sub.add_parser(
+        "matrix", help="every scenario of the product's targets, vLLM alone and the gateway"
+    )
+    m.add_argument(
+        "points",
+        nargs="?",
+        default="loadtests/targets/matrix-points.yaml",
+        help="the workloads (%(default)s)",
+    )
+    m.add_argument("--targets", default="loadtests/targets/matrix.yaml", help="(%(default)s)")
+    m.add_argument("--target", action="append", default=[], help=argparse.SUPPRESS)
+    m.add_argument("--only", help="comma-separated target names to keep")
+    m.add_argument("--only-points", help="comma-separated point names to keep")
+    m.add_argument("--repeat", type=int, default=3, help="rounds (%(default)s)")
+    m.add_argument("--duration", type=float, help="override every point's duration_s")
+    m.add_argument("--warmup", type=float, help="override every point's warmup_s")
+    m.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (%(default)s)")
+    m.add_argument("--tag", help="output file prefix (default: matrix)")
+    m.add_argument("--prime-rounds", type=int, default=1)
+    m.add_argument("--no-prime", action="store_true")
+    m.add_argument("--restart-warmup", type=float, default=20.0)
+    m.add_argument("--tokenize-url")
+    m.add_argument("--no-calibrate", action="store_true")
+    m.add_argument("--no-progress", action="store_true")
+    m.set_defaults(func=cmd_matrix)
 
     x = sub.add_parser("crosscheck", help="compare the runner with vLLM's serving benchmark")
     from hearthgate.loadtests import crosscheck

@@ -250,10 +250,11 @@ class Scenario(_Model):
         classes: set[str] | None = None,
         without: set[str] | None = None,
         without_apps: set[str] | None = None,
+        apps: set[str] | None = None,
     ) -> Scenario:
-        """A copy with rates multiplied (for the flows of `classes`, or all), the run length
-        or seed replaced, and the classes in `without` and the apps in `without_apps` left
-        out (a solo run of the others). Flow time bounds are kept;
+        """A copy with rates multiplied (for the flows of `classes` and of `apps`, or all),
+        the run length or seed replaced, and the classes in `without` and the apps in
+        `without_apps` left out (a solo run of the others). Flow time bounds are kept;
         ones past the new duration drop."""
         data = self.model_dump(by_alias=True)
         for key, field, what, names in (
@@ -279,7 +280,9 @@ class Scenario(_Model):
             if not rate_scale > 0 or math.isinf(rate_scale):
                 raise ScenarioError(f"rate scale must be a positive number, got {rate_scale}")
             for flow in data["flows"]:
-                if classes is None or flow["class"] in classes:
+                if (classes is None or flow["class"] in classes) and (
+                    apps is None or flow["app"] in apps
+                ):
                     flow["arrival"]["rate"] *= rate_scale
         data["flows"] = [f for f in data["flows"] if f["start_s"] < data["duration_s"]]
         return validate_scenario(data, source=self.name)

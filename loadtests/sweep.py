@@ -61,6 +61,38 @@ def recommend(targets: dict[str, dict[str, Any]]) -> str | None:
     return max(names, key=score) if names else None
 
 
+STAT_KEYS = (
+    "attainment",
+    "completed",
+    "rejected",
+    "failed",
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "tpot_p50_s",
+    "output_tokens_per_s",
+)
+
+
+def point_stats(outs: list[bench.TargetOutcome], scenario: Scenario) -> dict[str, Any]:
+    """One target at one workload over its runs: interactive attainment and background
+    tokens (medians, each run's value too), goodput, and per class and per flow the
+    medians of ``STAT_KEYS``."""
+    s = merge_runs([summarize(o.result, scenario) for o in outs])
+    inter = s["interactive"]
+    bg = inter["background_output_tokens_per_s"]
+    return {
+        "interactive_attainment": inter["attainment"],
+        "interactive_attainment_runs": inter.get("attainment_runs", [inter["attainment"]]),
+        "background_output_tokens_per_s": bg,
+        "background_output_tokens_per_s_runs": inter.get(
+            "background_output_tokens_per_s_runs", [bg]
+        ),
+        "goodput_rps": inter["goodput_rps"],
+        "classes": {c: {k: cs[k] for k in STAT_KEYS} for c, cs in s["classes"].items()},
+        "flows": {f: {k: fs.get(k) for k in STAT_KEYS} for f, fs in s.get("flows", {}).items()},
+    }
+
+
 def sweep_summary(
     base: Scenario,
     rates: list[float],
@@ -76,39 +108,7 @@ def sweep_summary(
             outs = by_rate.get(rate, [])
             if not outs:
                 continue
-            s = merge_runs([summarize(o.result, scenarios[rate]) for o in outs])
-            inter = s["interactive"]
-            bg = inter["background_output_tokens_per_s"]
-            points.append(
-                {
-                    "rate_scale": rate,
-                    "interactive_attainment": inter["attainment"],
-                    "interactive_attainment_runs": inter.get(
-                        "attainment_runs", [inter["attainment"]]
-                    ),
-                    "background_output_tokens_per_s": bg,
-                    "background_output_tokens_per_s_runs": inter.get(
-                        "background_output_tokens_per_s_runs", [bg]
-                    ),
-                    "goodput_rps": s["interactive"]["goodput_rps"],
-                    "classes": {
-                        c: {
-                            k: cs[k]
-                            for k in (
-                                "attainment",
-                                "completed",
-                                "rejected",
-                                "failed",
-                                "ttft_p50_s",
-                                "ttft_p99_s",
-                                "tpot_p50_s",
-                                "output_tokens_per_s",
-                            )
-                        }
-                        for c, cs in s["classes"].items()
-                    },
-                }
-            )
+            points.append({"rate_scale": rate, **point_stats(outs, scenarios[rate])})
         info = next(iter(by_rate.values()))[0].info if by_rate else {}
         targets[name] = {
             "target": info,
@@ -217,7 +217,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         tf,
         opts,
         rounds=args.repeat,
-        order="target-major",
+        order="round-major" if getattr(args, "interleave", False) else "target-major",
     )
     label_rate = {f"x{r:g}": r for r in rates}
     per_point: dict[str, dict[float, list[bench.TargetOutcome]]] = {}

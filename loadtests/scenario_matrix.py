@@ -1,0 +1,345 @@
+"""`bench matrix`: every workload the product promises to hold, against vLLM alone and the
+gateway, in one command.
+
+A points file (`loadtests/targets/matrix-points.yaml`) names the workloads: a shipped
+scenario with its rates scaled (all flows, or some classes' or apps' flows) and classes or
+apps left out. Every point runs against every target of a targets file, round by round
+(each round visits every target, and in it every point; the box drifts between runs, so
+targets are interleaved rather than run one after another), and the medians over rounds are
+judged against the targets of issue 15, next to what vLLM alone does on the same load:
+
+- interactive attainment at least 99% through the gateway;
+- background output tokens/s at least 0.95x the best vLLM-alone target that keeps
+  interactive attainment at 90% or more, or, where none does, 0.9x vLLM at default flags;
+- chat TPOT p50 at most 0.7x that of tuned vLLM (the vLLM target that sends client
+  priorities) wherever the point has background load;
+- for a point with a `light_app` (noisy neighbour): that app's TTFT p99 within 1.2x of its
+  value in the point named by `solo`, and the other apps of its class at least 70% of the
+  output tokens/s they get from vLLM alone at default flags (no cap of any kind).
+
+`judge` is pure (plain summaries in, verdicts out); `run_matrix_command` does the running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from hearthgate.loadtests import bench
+from hearthgate.loadtests.markdown import _fmt, _table
+from hearthgate.loadtests.matrix import Options, run_matrix
+from hearthgate.loadtests.scenario import Scenario, ScenarioError, load_scenario
+from hearthgate.loadtests.sweep import point_stats
+
+ATTAINMENT = 0.99
+VLLM_HOLDS = 0.90
+BACKGROUND_VS_BEST = 0.95
+BACKGROUND_VS_DEFAULT = 0.9
+TPOT_VS_TUNED = 0.7
+LIGHT_TAIL_VS_SOLO = 1.2
+HEAVY_VS_OPEN = 0.7
+
+
+class MatrixPoint(BaseModel):
+    """One workload of the matrix."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    scenario: str = Field(min_length=1)
+    rate_scale: float | None = Field(None, gt=0)
+    classes: list[str] | None = None  # scale only these classes' flows
+    apps: list[str] | None = None  # scale only these apps' flows
+    without: list[str] | None = None  # leave these classes out
+    without_apps: list[str] | None = None  # leave these apps out
+    light_app: str | None = None  # judged against its solo run (noisy neighbour)
+    solo: str | None = None  # the point holding light_app's solo run
+
+
+class MatrixFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    points: list[MatrixPoint] = Field(min_length=1)
+
+
+def load_points(path: str | Path) -> MatrixFile:
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+        mf = MatrixFile.model_validate(data)
+    except OSError as err:
+        raise ScenarioError(f"{p}: cannot read: {err.strerror}") from None
+    except (yaml.YAMLError, ValidationError) as err:
+        raise ScenarioError(f"{p.name}: {err}") from None
+    names = [pt.name for pt in mf.points]
+    if len(set(names)) != len(names):
+        raise ScenarioError(f"{p.name}: point names must be unique")
+    for pt in mf.points:
+        if (pt.light_app is None) != (pt.solo is None):
+            raise ScenarioError(f"{p.name}: point {pt.name}: light_app and solo go together")
+        if pt.solo is not None and pt.solo not in names:
+            raise ScenarioError(f"{p.name}: point {pt.name}: no point named {pt.solo!r}")
+    return mf
+
+
+def _set(names: list[str] | None) -> set[str] | None:
+    return set(names) if names else None
+
+
+def build_scenarios(
+    mf: MatrixFile, *, duration_s: float | None = None, warmup_s: float | None = None
+) -> list[tuple[str, Scenario]]:
+    """Each point's scenario, in file order (ScenarioError for unknown names)."""
+    out = []
+    for pt in mf.points:
+        sc = load_scenario(pt.scenario).with_overrides(
+            rate_scale=pt.rate_scale,
+            classes=_set(pt.classes),
+            apps=_set(pt.apps),
+            without=_set(pt.without),
+            without_apps=_set(pt.without_apps),
+            duration_s=duration_s,
+            warmup_s=warmup_s,
+        )
+        if pt.light_app is not None and pt.light_app not in sc.apps:
+            raise ScenarioError(f"point {pt.name}: light_app {pt.light_app} is not in it")
+        out.append((pt.name, sc))
+    return out
+
+
+# ------------------------------------------------------------------ judging (pure)
+
+
+def _roles(targets: dict[str, dict[str, Any]]) -> tuple[list[str], str | None, str | None]:
+    """Gateway target names; the vLLM target at default flags; tuned vLLM (priorities)."""
+    gateways = [n for n, t in targets.items() if t.get("kind") == "gateway"]
+    vllm = {n: t for n, t in targets.items() if t.get("kind") == "vllm"}
+    default = next(
+        (n for n, t in vllm.items() if not t.get("worker_args") and not t.get("send_priority")),
+        None,
+    )
+    tuned = next((n for n, t in vllm.items() if t.get("send_priority")), None)
+    return gateways, default, tuned
+
+
+def _flow_of(stats: dict[str, Any], app: str) -> dict[str, Any] | None:
+    return next((f for k, f in stats.get("flows", {}).items() if k.endswith("/" + app)), None)
+
+
+def _light(stats: dict[str, Any], app: str) -> dict[str, Any] | None:
+    """The light app's numbers: its flow in a shared class, else its only class (solo)."""
+    flow = _flow_of(stats, app)
+    if flow is not None:
+        return flow
+    classes = stats.get("classes", {})
+    return next(iter(classes.values())) if len(classes) == 1 else None
+
+
+def _recorder(
+    checks: list[dict[str, Any]],
+) -> Callable[[str, float | None, float | None, bool | None], None]:
+    def check(name: str, value: float | None, bound: float | None, holds: bool | None) -> None:
+        checks.append({"check": name, "value": value, "bound": bound, "ok": holds})
+
+    return check
+
+
+def judge(
+    point: MatrixPoint,
+    cells: dict[str, dict[str, Any]],
+    targets: dict[str, dict[str, Any]],
+    scenario: Scenario,
+    solo_cells: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, list[dict[str, Any]]]:
+    """For each gateway target, the checks of this point: name, measured value, bound and
+    whether it holds (None: could not be judged, say a missing reference)."""
+    gateways, default, tuned = _roles(targets)
+    vllm = [n for n, t in targets.items() if t.get("kind") == "vllm"]
+    background = any(not c.interactive for c in scenario.classes.values())
+    out: dict[str, list[dict[str, Any]]] = {}
+    for g in gateways:
+        got = cells.get(g)
+        if got is None:
+            continue
+        checks: list[dict[str, Any]] = []
+        check = _recorder(checks)
+
+        att = got["interactive_attainment"]
+        check("interactive attainment", att, ATTAINMENT, None if att is None else att >= ATTAINMENT)
+        if background:
+            bg = got["background_output_tokens_per_s"] or 0.0
+            holding = [
+                cells[v]["background_output_tokens_per_s"] or 0.0
+                for v in vllm
+                if v in cells and (cells[v]["interactive_attainment"] or 0.0) >= VLLM_HOLDS
+            ]
+            if holding:
+                best = BACKGROUND_VS_BEST * max(holding)
+                check("background tok/s vs best vLLM holding 90%", bg, best, bg >= best)
+            elif default is not None and default in cells:
+                floor = BACKGROUND_VS_DEFAULT * (
+                    cells[default]["background_output_tokens_per_s"] or 0.0
+                )
+                check("background tok/s vs vLLM default", bg, floor, bg >= floor)
+            else:
+                check("background tok/s", bg, None, None)
+            if "chat" in scenario.classes and tuned is not None:
+                tpot = got["classes"].get("chat", {}).get("tpot_p50_s")
+                tref = cells.get(tuned, {}).get("classes", {}).get("chat", {}).get("tpot_p50_s")
+                tbound = None if tref is None else TPOT_VS_TUNED * tref
+                ok = None if tpot is None or tbound is None else tpot <= tbound
+                check("chat TPOT p50 vs tuned vLLM", tpot, tbound, ok)
+        if point.light_app is not None:
+            light = _light(got, point.light_app)
+            solo = _light((solo_cells or {}).get(g, {}), point.light_app)
+            p99 = None if light is None else light.get("ttft_p99_s")
+            solo_p99 = None if solo is None else solo.get("ttft_p99_s")
+            lbound = None if solo_p99 is None else LIGHT_TAIL_VS_SOLO * solo_p99
+            ok = None if p99 is None or lbound is None else p99 <= lbound
+            check(f"{point.light_app} TTFT p99 vs solo", p99, lbound, ok)
+            heavy = [a for a in scenario.apps if a != point.light_app]
+            for app in heavy:
+                flow = _flow_of(got, app)
+                open_flow = _flow_of(cells.get(default, {}), app) if default else None
+                tps = None if flow is None else flow.get("output_tokens_per_s")
+                open_tps = None if open_flow is None else open_flow.get("output_tokens_per_s")
+                hbound = None if open_tps is None else HEAVY_VS_OPEN * open_tps
+                ok = None if tps is None or hbound is None else tps >= hbound
+                check(f"{app} tok/s vs vLLM alone", tps, hbound, ok)
+        out[g] = checks
+    return out
+
+
+# ------------------------------------------------------------------ summary and report
+
+
+def matrix_summary(
+    mf: MatrixFile,
+    scenarios: list[tuple[str, Scenario]],
+    per_cell: dict[tuple[str, str], list[bench.TargetOutcome]],
+    calibration: dict[str, Any],
+    rounds: int,
+) -> dict[str, Any]:
+    targets: dict[str, dict[str, Any]] = {}
+    for (_, target), outs in per_cell.items():
+        targets.setdefault(target, dict(outs[0].info))
+    by_name = dict(scenarios)
+    cells: dict[str, dict[str, dict[str, Any]]] = {}
+    for (point, target), outs in per_cell.items():
+        cells.setdefault(point, {})[target] = point_stats(outs, by_name[point])
+    verdicts = {
+        pt.name: judge(
+            pt,
+            cells.get(pt.name, {}),
+            targets,
+            by_name[pt.name],
+            cells.get(pt.solo) if pt.solo else None,
+        )
+        for pt in mf.points
+    }
+    return {
+        "version": 1,
+        "kind": "matrix",
+        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "rounds": rounds,
+        "calibration": calibration,
+        "points": [
+            {**pt.model_dump(exclude_none=True), "duration_s": by_name[pt.name].duration_s}
+            for pt in mf.points
+        ],
+        "targets": targets,
+        "cells": cells,
+        "verdicts": verdicts,
+        "all_hold": all(
+            c["ok"] is True for v in verdicts.values() for checks in v.values() for c in checks
+        ),
+    }
+
+
+def _cell(stats: dict[str, Any] | None) -> str:
+    if stats is None:
+        return "-"
+    att = _fmt(stats["interactive_attainment"], "pct")
+    bg = _fmt(stats["background_output_tokens_per_s"])
+    tpot = stats["classes"].get("chat", {}).get("tpot_p50_s")
+    chat = "" if tpot is None else f" / {tpot * 1000:.0f} ms"
+    return f"{att} / {bg}{chat}"
+
+
+def _verdict(checks: list[dict[str, Any]]) -> str:
+    failed = [c["check"] for c in checks if c["ok"] is False]
+    unknown = [c["check"] for c in checks if c["ok"] is None]
+    if failed:
+        return "misses: " + "; ".join(failed)
+    return "holds" + (f" (not judged: {'; '.join(unknown)})" if unknown else "")
+
+
+def render_markdown(summary: dict[str, Any]) -> str:
+    names = list(summary["targets"])
+    gateways = [n for n in names if summary["targets"][n].get("kind") == "gateway"]
+    rows = []
+    for pt in summary["points"]:
+        cells = summary["cells"].get(pt["name"], {})
+        verdicts = summary["verdicts"].get(pt["name"], {})
+        rows.append(
+            [pt["name"], *(_cell(cells.get(n)) for n in names)]
+            + [_verdict(verdicts.get(g, [])) for g in gateways]
+        )
+    lines = [
+        "# Scenario matrix",
+        "",
+        f"Medians of {summary['rounds']} rounds, targets interleaved round by round. Each cell: "
+        "interactive attainment / background output tok/s / chat TPOT p50.",
+        "",
+        *_table(["point", *names, *(f"{g}: targets" for g in gateways)], rows),
+        "",
+        "| target | description |",
+        "|---|---|",
+        *(f"| {n} | {summary['targets'][n].get('describe', '')} |" for n in names),
+        "",
+        "Every check, with the measured value and its bound:",
+        "",
+    ]
+    detail = []
+    for point, by_target in summary["verdicts"].items():
+        for target, checks in by_target.items():
+            for c in checks:
+                ok = {True: "yes", False: "NO", None: "-"}[c["ok"]]
+                detail.append([point, target, c["check"], _fmt(c["value"]), _fmt(c["bound"]), ok])
+    lines += _table(["point", "target", "check", "value", "bound", "holds"], detail)
+    return "\n".join(lines) + "\n"
+
+
+def run_matrix_command(args: argparse.Namespace) -> int:
+    from hearthgate.loadtests.cli import _options, _targets_for
+
+    mf = load_points(args.points)
+    scenarios = build_scenarios(mf, duration_s=args.duration, warmup_s=args.warmup)
+    if args.only_points:
+        keep = {n.strip() for n in args.only_points.split(",")}
+        unknown = keep - {n for n, _ in scenarios}
+        if unknown:
+            raise ScenarioError(f"--only-points: unknown points {', '.join(sorted(unknown))}")
+        scenarios = [(n, sc) for n, sc in scenarios if n in keep]
+        mf = MatrixFile(points=[p for p in mf.points if p.name in keep])
+    tf = _targets_for(args)
+    opts: Options = _options(args)
+    cal, _, cells = run_matrix(scenarios, tf, opts, rounds=args.repeat, order="round-major")
+    per_cell: dict[tuple[str, str], list[bench.TargetOutcome]] = {}
+    for cell in cells:
+        per_cell.setdefault((cell.point, cell.target), []).append(cell.outcome)
+    summary = matrix_summary(mf, scenarios, per_cell, cal.to_json(), args.repeat)
+    args.out.mkdir(parents=True, exist_ok=True)
+    tag = args.tag or "matrix"
+    (args.out / f"{tag}.summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    md = render_markdown(summary)
+    (args.out / f"{tag}.md").write_text(md)
+    print(md)
+    return 0 if summary["all_hold"] else 1

@@ -1,0 +1,183 @@
+"""`bench matrix` (loadtests/scenario_matrix.py): the points file, the scenarios it builds,
+and the judging of issue 15's targets on plain summaries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from hearthgate.loadtests.cli import build_parser
+from hearthgate.loadtests.scenario import ScenarioError, load_scenario
+from hearthgate.loadtests.scenario_matrix import (
+    MatrixFile,
+    MatrixPoint,
+    build_scenarios,
+    judge,
+    load_points,
+    render_markdown,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED = REPO / "loadtests" / "targets" / "matrix-points.yaml"
+
+TARGETS = {
+    "vllm-fcfs": {"kind": "vllm", "worker_args": [], "send_priority": False},
+    "gateway": {"kind": "gateway"},
+    "vllm-tuned": {"kind": "vllm", "worker_args": ["--x"], "send_priority": True},
+}
+
+
+def stats(att: float, bg: float, tpot: float | None = 0.02, **flows: Any) -> dict[str, Any]:
+    return {
+        "interactive_attainment": att,
+        "background_output_tokens_per_s": bg,
+        "classes": {"chat": {"tpot_p50_s": tpot, "ttft_p99_s": 0.2}},
+        "flows": {f"chat/{app}": f for app, f in flows.items()},
+    }
+
+
+def by_check(checks: list[dict[str, Any]]) -> dict[str, bool | None]:
+    return {c["check"]: c["ok"] for c in checks}
+
+
+def test_the_shipped_points_build_every_scenario_of_the_issue() -> None:
+    mf = load_points(SHIPPED)
+    scenarios = dict(build_scenarios(mf))
+    assert {sc.name for sc in scenarios.values()} == {
+        "home-mix",
+        "rag-burst",
+        "noisy-neighbour",
+        "embed-backlog",
+    }
+    rates = {f.app: f.arrival.rate for f in scenarios["noisy x2"].flows}
+    base = {f.app: f.arrival.rate for f in load_scenario("noisy-neighbour").flows}
+    assert rates == {"chatui": base["chatui"], "scraper": 2 * base["scraper"]}  # only the flood
+    assert [f.app for f in scenarios["noisy solo"].flows] == ["chatui"]
+    x10 = {f.klass: f.arrival.rate for f in scenarios["home-mix x10"].flows}
+    home = {f.klass: f.arrival.rate for f in load_scenario("home-mix").flows}
+    assert x10["rag"] == 10 * home["rag"] and x10["chat"] == home["chat"]
+    assert "embed" not in scenarios["home-mix x1"].classes
+    short = dict(build_scenarios(mf, duration_s=20, warmup_s=5))
+    assert all(sc.duration_s == 20 and sc.warmup_s == 5 for sc in short.values())
+
+
+@pytest.mark.parametrize(
+    ("points", "match"),
+    [
+        ([{"name": "a", "scenario": "home-mix"}] * 2, "unique"),
+        ([{"name": "a", "scenario": "home-mix", "light_app": "chatui"}], "go together"),
+        ([{"name": "a", "scenario": "home-mix", "light_app": "x", "solo": "b"}], "no point"),
+        ([{"name": "a", "scenario": "home-mix", "speed": 2}], "speed"),
+        ([], "at least 1"),
+    ],
+)
+def test_bad_points_files_are_refused_clearly(
+    tmp_path: Path, points: list[dict[str, Any]], match: str
+) -> None:
+    f = tmp_path / "points.yaml"
+    f.write_text(yaml.safe_dump({"points": points}))
+    with pytest.raises(ScenarioError, match=match):
+        load_points(f)
+
+
+def test_unknown_scenario_or_light_app_is_refused() -> None:
+    with pytest.raises(ScenarioError):
+        build_scenarios(MatrixFile(points=[MatrixPoint(name="a", scenario="nope")]))
+    bad = MatrixPoint(name="a", scenario="noisy-neighbour", light_app="ghost", solo="a")
+    with pytest.raises(ScenarioError, match="ghost"):
+        build_scenarios(MatrixFile(points=[bad]))
+
+
+def test_background_is_judged_against_the_best_vllm_that_holds_interactive() -> None:
+    sc = load_scenario("home-mix")
+    point = MatrixPoint(name="p", scenario="home-mix")
+    cells = {
+        "vllm-fcfs": stats(0.40, 400.0, 0.120),  # more tokens, but chat misses its targets
+        "vllm-tuned": stats(0.95, 300.0, 0.030),
+        "gateway": stats(1.00, 290.0, 0.020),
+    }
+    got = by_check(judge(point, cells, TARGETS, sc)["gateway"])
+    assert got == {
+        "interactive attainment": True,
+        "background tok/s vs best vLLM holding 90%": True,  # 290 >= 0.95 x 300
+        "chat TPOT p50 vs tuned vLLM": True,  # 20 ms <= 0.7 x 30 ms
+    }
+    cells["gateway"] = stats(0.98, 280.0, 0.025)
+    got = by_check(judge(point, cells, TARGETS, sc)["gateway"])
+    assert got == {
+        "interactive attainment": False,
+        "background tok/s vs best vLLM holding 90%": False,
+        "chat TPOT p50 vs tuned vLLM": False,
+    }
+
+
+def test_where_no_vllm_setting_holds_the_default_is_the_reference() -> None:
+    sc = load_scenario("home-mix")
+    point = MatrixPoint(name="p", scenario="home-mix")
+    cells = {
+        "vllm-fcfs": stats(0.05, 400.0),
+        "vllm-tuned": stats(0.50, 300.0),
+        "gateway": stats(1.00, 361.0),
+    }
+    checks = judge(point, cells, TARGETS, sc)["gateway"]
+    bg = next(c for c in checks if c["check"].startswith("background"))
+    assert bg["check"] == "background tok/s vs vLLM default"
+    assert bg["bound"] == pytest.approx(360.0) and bg["ok"] is True
+
+
+def test_noisy_neighbour_checks_the_light_tail_and_the_heavy_share() -> None:
+    sc = load_scenario("noisy-neighbour")
+    point = MatrixPoint(name="n", scenario="noisy-neighbour", light_app="chatui", solo="s")
+    solo = {"gateway": {"classes": {"chat": {"ttft_p99_s": 0.200}}, "flows": {}}}
+    cells = {
+        "vllm-fcfs": stats(
+            0.8, 0.0, chatui={"ttft_p99_s": 0.7}, scraper={"output_tokens_per_s": 2000.0}
+        ),
+        "gateway": stats(
+            1.0, 0.0, chatui={"ttft_p99_s": 0.230}, scraper={"output_tokens_per_s": 1500.0}
+        ),
+    }
+    got = by_check(judge(point, cells, TARGETS, sc, solo)["gateway"])
+    assert got == {
+        "interactive attainment": True,
+        "chatui TTFT p99 vs solo": True,  # 230 <= 1.2 x 200
+        "scraper tok/s vs vLLM alone": True,  # 1500 >= 0.7 x 2000
+    }
+    cells["gateway"]["flows"]["chat/chatui"]["ttft_p99_s"] = 0.250
+    cells["gateway"]["flows"]["chat/scraper"]["output_tokens_per_s"] = 1300.0
+    got = by_check(judge(point, cells, TARGETS, sc, solo)["gateway"])
+    assert got["chatui TTFT p99 vs solo"] is False and got["scraper tok/s vs vLLM alone"] is False
+    # without its solo run the tail cannot be judged: said so, not passed
+    got = by_check(judge(point, cells, TARGETS, sc, None)["gateway"])
+    assert got["chatui TTFT p99 vs solo"] is None
+
+
+def test_the_report_shows_every_cell_and_every_check() -> None:
+    tpot = {"check": "chat TPOT p50 vs tuned vLLM", "value": 0.02, "bound": None, "ok": None}
+    summary = {
+        "rounds": 3,
+        "points": [{"name": "p"}],
+        "targets": {n: {**t, "describe": n} for n, t in TARGETS.items()},
+        "cells": {"p": {"vllm-fcfs": stats(0.4, 400.0), "gateway": stats(1.0, 390.0)}},
+        "verdicts": {
+            "p": {
+                "gateway": [
+                    {"check": "interactive attainment", "value": 1.0, "bound": 0.99, "ok": True},
+                    tpot,
+                ]
+            }
+        },
+    }
+    md = render_markdown(summary)
+    assert "| p | 40% / 400.0 / 20 ms | 100% / 390.0 / 20 ms | - |" in md
+    assert "holds (not judged: chat TPOT p50 vs tuned vLLM)" in md
+    assert "| p | gateway | interactive attainment | 1 | 0.99 | yes |" in md
+
+
+def test_the_command_line_defaults_to_the_shipped_files() -> None:
+    args = build_parser().parse_args(["matrix"])
+    assert args.points == "loadtests/targets/matrix-points.yaml"
+    assert args.targets == "loadtests/targets/matrix.yaml" and args.repeat == 3
