@@ -169,7 +169,8 @@ async def test_a_cancelled_request_task_gives_everything_back() -> None:
     resp = FakeResponse(hang=True)
     async with running(answer(resp)) as (gw, up):
         ex = post(gw, COMPLETION)
-        await until(lambda: len(up.posts) == 1)
+        # handed to the proxy (``posts`` fills before the fake's handler has answered)
+        await until(lambda: len(up.responses) == 1)
         ex.task.cancel()
         await asyncio.gather(ex.task, return_exceptions=True)
         assert resp.closed and idle(gw)
@@ -382,9 +383,9 @@ async def test_n_counts_in_the_output_budget() -> None:
     async with running(answer(FakeResponse(chunks=[OK_JSON]))) as (gw, _):
         orig = gw.scheduler.enqueue
 
-        def spy(req: Any, now: float) -> Any:
+        def spy(req: Any, now: float, drain_rate: float = 0.0) -> Any:
             seen.append(req.max_tokens)
-            return orig(req, now)
+            return orig(req, now, drain_rate)
 
         gw.scheduler.enqueue = spy  # type: ignore[method-assign]
         await post(gw, {**COMPLETION, "n": 3}).done()
