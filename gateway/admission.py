@@ -194,7 +194,12 @@ class AdmissionController:
         if not self.scheduler.has_class(req.cls):  # removed by a reload since it arrived
             self._reject(req, "class_removed")
             raise class_gone(req.cls, self._retry_after_s)
-        rejection = self.scheduler.enqueue(req, now, self.drain.rate(req.cls, now))
+        rejection = self.scheduler.enqueue(
+            req,
+            now,
+            self.drain.rate(req.cls, now),
+            self.prefill_rates.fastest_seconds(req.prompt_tokens),
+        )
         if rejection is not None:
             self._reject(req, rejection.reason)
             raise self._shed(rejection, now)

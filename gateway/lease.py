@@ -305,12 +305,14 @@ class Lease:
             )
         except asyncio.CancelledError:
             task.cancel()
+            _close_result(task)
             raise
         if task in done:
             return task.result()
         task.cancel()
         with contextlib.suppress(BaseException):
             await task
+        _close_result(task)
         if self._gone is not None and self._gone.done():
             raise ClientGone()
         if self._lost is not None and self._lost.done():
@@ -320,3 +322,13 @@ class Lease:
     def __repr__(self) -> str:
         worker = None if self.worker is None else self.worker.name
         return f"Lease({self.phase}, worker={worker})"
+
+
+def _close_result(task: asyncio.Future[Any]) -> None:
+    """``task`` finished on its own just as it was given up (the answer arrived in the same
+    instant the client left or the request was cancelled): close what it returned, an
+    upstream answer nobody will read, so its connection goes back to the pool."""
+    if task.done() and not task.cancelled() and task.exception() is None:
+        close = getattr(task.result(), "close", None)
+        if callable(close):
+            close()

@@ -74,3 +74,8 @@ class PrefillRates:
 
     def seconds(self, worker: str, prompt_tokens: int) -> float:
         return prompt_tokens / self._rates.get(worker, self.initial)
+
+    def fastest_seconds(self, prompt_tokens: int) -> float:
+        """The prefill time on the fastest worker measured so far (``initial`` rate before
+        any): an optimistic estimate, for deciding a request cannot make its target."""
+        return prompt_tokens / max(self._rates.values(), default=self.initial)

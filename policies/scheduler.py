@@ -210,11 +210,14 @@ class Scheduler:
 
     # ----------------------------------------------------------------- queue events
 
-    def enqueue(self, req: QueuedRequest, now: float, drain_rate: float = 0.0) -> Rejection | None:
+    def enqueue(
+        self, req: QueuedRequest, now: float, drain_rate: float = 0.0, service_s: float = 0.0
+    ) -> Rejection | None:
         """Queue ``req``, or return why it is shed: the class queue is at its count/token
         cap, or (``shed_late`` classes) the requests ahead of it, at ``drain_rate``
-        requests of its class finished a second, would already keep it past its first-token
-        target (``policies.shedding.check_late``; 0: rate unknown, never shed for that).
+        requests of its class finished a second, plus ``service_s`` for its own prefill,
+        would keep it past its first-token target (``policies.shedding.check_late``; rate
+        0: unknown, never shed for that).
 
         Raises ValueError for an unknown class or an id the scheduler already holds.
         """
@@ -224,7 +227,7 @@ class Scheduler:
         if req.id in self._queued or req.id in self._running:
             raise ValueError(f"request {req.id} is already queued or in flight")
         rejection = check_enqueue(q.policy, len(q), q.tokens, req) or check_late(
-            q.policy, q.ahead_of_new(req.tenant), drain_rate, len(q), q.tokens
+            q.policy, q.ahead_of_new(req.tenant), drain_rate, len(q), q.tokens, service_s
         )
         if rejection is not None:
             return rejection

@@ -28,12 +28,14 @@ def check_late(
     drain_rate: float,
     queued: int,
     queued_tokens: int,
+    service_s: float = 0.0,
 ) -> Rejection | None:
-    """Refuse a background request that would miss its class's first-token target already
-    in the queue: ``ahead`` requests go before it and the class finishes ``drain_rate``
-    requests a second, so it would wait ``ahead / drain_rate`` seconds; past ``ttft_s`` it
-    is refused, with the time until the queue has drained to where it could make it again
-    (at least 1 s) as the wait to suggest.
+    """Refuse a background request that could no longer meet its class's first-token
+    target: ``ahead`` requests go before it and the class finishes ``drain_rate`` requests
+    a second, so it would wait ``ahead / drain_rate`` seconds, then ``service_s`` more for
+    its first token (its prefill); past ``ttft_s`` it is refused, with the time until the
+    queue has drained to where it could make it again (at least 1 s) as the wait to
+    suggest.
 
     Only for classes with ``shed_late``, not interactive, with a ``ttft_s`` target; never
     before the class has a measured drain rate, and never for a request with nothing ahead
@@ -44,11 +46,11 @@ def check_late(
         return None
     if ahead <= 0 or drain_rate <= 0:
         return None
-    wait = ahead / drain_rate
-    if wait <= target:
+    ttft = ahead / drain_rate + service_s
+    if ttft <= target:
         return None
     return Rejection(
-        "target_unreachable", policy.name, queued, queued_tokens, max(1.0, wait - target)
+        "target_unreachable", policy.name, queued, queued_tokens, max(1.0, ttft - target)
     )
 
 

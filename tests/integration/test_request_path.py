@@ -14,8 +14,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import pytest
+
 from hearthgate.gateway.core import Gateway
 from hearthgate.gateway.errors import UpstreamFailed
+from hearthgate.gateway.lease import Lease
 from hearthgate.gateway.upstream import UpstreamResponse, WorkerUnreachable
 from tests.inprocess import (
     Exchange,
@@ -174,6 +177,22 @@ async def test_a_cancelled_request_task_gives_everything_back() -> None:
         ex.task.cancel()
         await asyncio.gather(ex.task, return_exceptions=True)
         assert resp.closed and idle(gw)
+
+
+async def test_an_answer_arriving_as_the_request_is_cancelled_is_closed() -> None:
+    """The worker's answer comes in the very step the request task is cancelled: nobody
+    will read it, and it is closed (its connection goes back to the pool), not dropped."""
+    gw = Gateway(settings())
+    resp = FakeResponse(hang=True)
+    answered: asyncio.Future[FakeResponse] = asyncio.get_running_loop().create_future()
+    async with Lease(gw.leases, gw.admission, gw.pool) as lease:
+        waiter = asyncio.ensure_future(lease.guard(answered))
+        await asyncio.sleep(0)  # the guard waits for the answer
+        answered.set_result(resp)  # the answer arrives...
+        waiter.cancel()  # ...as the request is cancelled, before the guard wakes
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+    assert resp.closed
 
 
 # ------------------------------------------------------------------ odd workers
@@ -383,9 +402,9 @@ async def test_n_counts_in_the_output_budget() -> None:
     async with running(answer(FakeResponse(chunks=[OK_JSON]))) as (gw, _):
         orig = gw.scheduler.enqueue
 
-        def spy(req: Any, now: float, drain_rate: float = 0.0) -> Any:
+        def spy(req: Any, now: float, *rates: float) -> Any:
             seen.append(req.max_tokens)
-            return orig(req, now, drain_rate)
+            return orig(req, now, *rates)
 
         gw.scheduler.enqueue = spy  # type: ignore[method-assign]
         await post(gw, {**COMPLETION, "n": 3}).done()

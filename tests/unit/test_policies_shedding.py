@@ -210,3 +210,11 @@ def test_a_light_app_is_not_shed_for_a_heavy_apps_backlog() -> None:
     fill(fcfs, 20, tenant="heavy")  # arrival order between apps: everyone is behind all
     got = fcfs.enqueue(req("l0", "rag", "light"), 0.0, drain_rate=2.0)
     assert got is not None and got.reason == "target_unreachable"
+
+
+def test_the_requests_own_prefill_counts_towards_its_first_token() -> None:
+    sched = Scheduler([CHAT, LATE_RAG])
+    fill(sched, 4)  # at 2/s: 2 s in the queue, then 0.9 s of prefill: 2.9 s, within 3 s
+    assert sched.enqueue(req("a4", "rag", "a"), 0.0, drain_rate=2.0, service_s=0.9) is None
+    got = sched.enqueue(req("a5", "rag", "a"), 0.0, drain_rate=2.0, service_s=1.5)
+    assert got is not None and got.retry_after_s == pytest.approx(1.0)  # 2.5 + 1.5 - 3
