@@ -48,6 +48,15 @@ def _app_env(sc: Scenario) -> dict[str, str]:
     return {a.key_env: a.resolve_key(n) for n, a in sc.apps.items() if a.key_env}
 
 
+def points_env(points: list[tuple[str, Scenario]]) -> dict[str, str]:
+    """The key variables of every point's apps: one gateway serves the apps of all points
+    (the first point's alone left the others' keys unset: 401 for all their requests)."""
+    env: dict[str, str] = {}
+    for _, sc in points:
+        env.update(_app_env(sc))
+    return env
+
+
 def run_matrix(
     points: list[tuple[str, Scenario]],
     targets: TargetsFile,
@@ -79,7 +88,8 @@ def run_matrix(
         emb = _base(endpoints.embed_metrics) or endpoints.embed_url
         return asyncio.run(bench.calibrate_for(first, gen, emb, log))
 
-    with launcher_factory(targets, need_embed=need_embed, env=_app_env(first)) as launcher:
+    env = points_env(points)
+    with launcher_factory(targets, need_embed=need_embed, env=env) as launcher:
         everywhere = os.sched_getaffinity(0)
         for rnd, spec in schedule:
             os.sched_setaffinity(0, everywhere)  # workers started now must not inherit a pin

@@ -295,11 +295,10 @@ def render_markdown(summary: dict[str, Any]) -> str:
     lines = [
         "# Scenario matrix",
         "",
-        f"Medians of {summary['rounds']} rounds, targets interleaved round by round. Each cell: "
-        "interactive attainment / background output tok/s / chat TPOT p50.",
+        f"Medians of {summary['rounds']} round(s), targets interleaved round by round. Each "
+        "cell: interactive attainment / background output tok/s / chat TPOT p50.",
         "",
         *_table(["point", *names, *(f"{g}: targets" for g in gateways)], rows),
-        "",
         "| target | description |",
         "|---|---|",
         *(f"| {n} | {summary['targets'][n].get('describe', '')} |" for n in names),

@@ -181,3 +181,14 @@ def test_the_command_line_defaults_to_the_shipped_files() -> None:
     args = build_parser().parse_args(["matrix"])
     assert args.points == "loadtests/targets/matrix-points.yaml"
     assert args.targets == "loadtests/targets/matrix.yaml" and args.repeat == 3
+
+
+def test_the_gateway_gets_the_keys_of_every_points_apps() -> None:
+    from hearthgate.loadtests.matrix import points_env
+
+    points = build_scenarios(load_points(SHIPPED))
+    env = points_env(points)
+    for _, sc in points:
+        for name, app in sc.apps.items():
+            assert app.key_env is not None and env[app.key_env] == app.resolve_key(name)
+    assert "SCRAPER_KEY" in env and "NOTES_KEY" in env  # noisy's and home-mix's
