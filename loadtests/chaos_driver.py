@@ -81,7 +81,10 @@ class SoakConfig:
 
 def soak_settings(gen_url: str, embed_url: str) -> dict[str, Any]:
     """Gateway settings of the soak: budgets that make RAG queue (two in flight at most),
-    and an embeddings window that always waits a little, so disconnects land inside it."""
+    and an embeddings window that always waits a little, so disconnects land inside it.
+    RAG does not shed late (``shed_late``, on by default): the soak wants its queue, and
+    checks that every request away from a kill completes; late shedding's 429s have their
+    own tests."""
     return {
         "workers": [
             {
@@ -100,7 +103,7 @@ def soak_settings(gen_url: str, embed_url: str) -> dict[str, Any]:
         ],
         "classes": {
             "chat": {"priority": 1, "interactive": True, "ttft_ms": 800, "itl_ms": 80},
-            "rag": {"priority": 2, "ttft_ms": 3000, "itl_ms": 150},
+            "rag": {"priority": 2, "ttft_ms": 3000, "itl_ms": 150, "shed_late": False},
             "embed": {
                 "priority": 3,
                 "window": {"min_wait_ms": 30, "max_wait_ms": 60, "max_batch_size": 64},
