@@ -130,14 +130,21 @@ async def wait_queued(gw: Running, n: int) -> None:
     raise AssertionError(f"{n} requests never queued")
 
 
+async def behind_a_held_chat(gw: Running, *contents: str) -> list[asyncio.Task[Any]]:
+    """Take w0's only slot with a held chat, then queue one request per content, in
+    order (those starting with "rag" in the rag class); the held one's task first."""
+    tasks = [asyncio.create_task(gw.chat("hold"))]
+    await until(lambda: gw.gate.holding == 1, what="the slot is taken")
+    for n, content in enumerate(contents, 1):
+        cls = "rag" if content.startswith("rag") else None
+        tasks.append(asyncio.create_task(gw.chat(content, cls=cls)))
+        await wait_queued(gw, n)
+    return tasks
+
+
 async def test_a_new_priority_applies_to_requests_already_queued(tmp_path: Path) -> None:
     async with running(tmp_path, base()) as gw:
-        held = asyncio.create_task(gw.chat("hold"))
-        await until(lambda: gw.gate.holding == 1, what="the slot is taken")
-        rag = asyncio.create_task(gw.chat("rag-1", cls="rag"))
-        await wait_queued(gw, 1)
-        chat = asyncio.create_task(gw.chat("chat-1"))
-        await wait_queued(gw, 2)
+        held, rag, chat = await behind_a_held_chat(gw, "rag-1", "chat-1")
         classes = {
             "voice": {"priority": 1, "interactive": True},
             "chat": {"priority": 1, "interactive": True},
@@ -159,12 +166,7 @@ async def test_a_new_priority_applies_to_requests_already_queued(tmp_path: Path)
 async def test_without_the_reload_chat_goes_first(tmp_path: Path) -> None:
     """The control of the test above: same requests, no reload."""
     async with running(tmp_path, base()) as gw:
-        held = asyncio.create_task(gw.chat("hold"))
-        await until(lambda: gw.gate.holding == 1, what="the slot is taken")
-        rag = asyncio.create_task(gw.chat("rag-1", cls="rag"))
-        await wait_queued(gw, 1)
-        chat = asyncio.create_task(gw.chat("chat-1"))
-        await wait_queued(gw, 2)
+        held, rag, chat = await behind_a_held_chat(gw, "rag-1", "chat-1")
         gw.gate.opened.set()
         for t in (held, rag, chat):
             assert (await t).status_code == 200
@@ -204,10 +206,7 @@ async def test_removing_a_class_with_queued_requests_waits_until_it_is_idle(
     tmp_path: Path,
 ) -> None:
     async with running(tmp_path, base()) as gw:
-        held = asyncio.create_task(gw.chat("hold"))
-        await until(lambda: gw.gate.holding == 1, what="the slot is taken")
-        rag = asyncio.create_task(gw.chat("rag-1", cls="rag"))
-        await wait_queued(gw, 1)
+        held, rag = await behind_a_held_chat(gw, "rag-1")
         classes = {
             "voice": {"priority": 0, "interactive": True},
             "chat": {"priority": 1, "interactive": True},
