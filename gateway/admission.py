@@ -28,7 +28,7 @@ from hearthgate.gateway.errors import (
     class_gone,
 )
 from hearthgate.policies.estimators import DrainRate, PrefillRates
-from hearthgate.policies.pacing import DecodePacer, PacingRule
+from hearthgate.policies.pacing import PacingRule, PacingState, WorkerPacer
 from hearthgate.policies.scheduler import Scheduler
 from hearthgate.policies.types import QueuedRequest, Rejection, WorkerSnapshot
 
@@ -120,6 +120,7 @@ class AdmissionController:
         app_queue_caps: dict[str, int] | None = None,
         max_queued_bytes: int | None = None,
         retry_after_s: int = 2,
+        app_pacing_floor: int | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.clock = clock
@@ -136,7 +137,8 @@ class AdmissionController:
         self._releases: list[tuple[float, int, Ticket]] = []  # heap of estimated prefill ends
         self._seq = itertools.count()
         self.pacing = pacing
-        self._pacers: dict[str, DecodePacer] = {}
+        self.app_pacing_floor = app_pacing_floor  # None: no per-app pacing cap
+        self._pacers: dict[str, WorkerPacer] = {}
         # Per-app caps on queued requests, and a cap on the bytes queued bodies hold.
         self._app_caps = dict(app_queue_caps or {})
         self._max_queued_bytes = max_queued_bytes
@@ -329,12 +331,14 @@ class AdmissionController:
         app_queue_caps: dict[str, int],
         max_queued_bytes: int | None,
         retry_after_s: int,
+        app_pacing_floor: int | None = None,
     ) -> None:
         """New settings (a reload): later decisions use them; queued requests stay. A new
         pacing rule restarts the pacers (from the rule's max cap)."""
         self.early_release = early_release
-        if pacing != self.pacing:
+        if pacing != self.pacing or app_pacing_floor != self.app_pacing_floor:
             self.pacing = pacing
+            self.app_pacing_floor = app_pacing_floor
             self._pacers.clear()
         self._app_caps = dict(app_queue_caps)
         self._max_queued_bytes = max_queued_bytes
@@ -349,12 +353,16 @@ class AdmissionController:
             return
         pacer = self._pacers.get(worker)
         if pacer is None:
-            pacer = self._pacers[worker] = DecodePacer(self.pacing, self.clock())
+            pacer = WorkerPacer(self.pacing, self.clock(), self.app_pacing_floor)
+            self._pacers[worker] = pacer
         pacer.observe(seconds, tokens)
 
-    def pacing_state(self) -> dict[str, tuple[int, float | None]]:
-        """Per paced worker: its background cap and the last interval's mean token gap."""
-        return {name: (p.cap, p.last_gap_s) for name, p in sorted(self._pacers.items())}
+    def pacing_state(self) -> dict[str, PacingState]:
+        """Per paced worker: its caps and the last interval's mean token gap."""
+        return {
+            name: PacingState(p.cap, p.app_cap, p.last_gap_s)
+            for name, p in sorted(self._pacers.items())
+        }
 
     def _pace(self, now: float) -> None:
         if not self._pacers:
@@ -362,17 +370,21 @@ class AdmissionController:
         usage = self.scheduler.worker_usage()
         for name, pacer in self._pacers.items():
             u = usage.get(name)
-            pacer.update(now, 0 if u is None else u.in_flight - u.interactive_in_flight)
+            if u is None:
+                pacer.update(now, 0, 0)
+            else:
+                pacer.update(now, u.in_flight - u.interactive_in_flight, u.heaviest_app)
 
     def snapshots(self) -> list[WorkerSnapshot]:
-        """The pool's worker snapshots with each paced worker's background cap."""
+        """The pool's worker snapshots with each paced worker's pacing caps."""
         snaps = list(self._snapshots())
         if not self._pacers:
             return snaps
-        return [
-            replace(s, background_cap=self._pacers[s.name].cap) if s.name in self._pacers else s
-            for s in snaps
-        ]
+        out = []
+        for s in snaps:
+            p = self._pacers.get(s.name)
+            out.append(s if p is None else replace(s, background_cap=p.cap, app_cap=p.app_cap))
+        return out
 
     # -------------------------------------------------------------------- pumping
 

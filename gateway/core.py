@@ -37,6 +37,7 @@ from hearthgate.gateway.metrics import GatewayMetrics, SchedulerCollector, Worke
 from hearthgate.gateway.parse import ParsedRequest, parse_body, read_body
 from hearthgate.gateway.proxy import AnswerBroke, Proxy, Result
 from hearthgate.gateway.scheduling import (
+    app_pacing_floor,
     build_scheduler,
     class_policy,
     pacing_rule,
@@ -128,6 +129,7 @@ class Gateway:
             app_queue_caps=app_queue_caps(settings),
             max_queued_bytes=settings.limits.max_queued_bytes,
             retry_after_s=settings.health.retry_after_s,
+            app_pacing_floor=app_pacing_floor(settings),
         )
         self.metrics.registry.register(
             SchedulerCollector(self.scheduler, self.admission.pacing_state)
@@ -177,6 +179,7 @@ class Gateway:
             app_queue_caps=app_queue_caps(settings),
             max_queued_bytes=settings.limits.max_queued_bytes,
             retry_after_s=settings.health.retry_after_s,
+            app_pacing_floor=app_pacing_floor(settings),
         )
         if fresh:
             task = asyncio.create_task(self.pool.check_all(self.client, fresh), name="check-new")

@@ -319,7 +319,11 @@ _JS = r"""
       var bits = ["in flight " + w.in_flight];
       if (w.waiting !== null && w.waiting !== undefined) bits.push("waiting in vLLM " + w.waiting);
       if (w.kv_usage !== null && w.kv_usage !== undefined) bits.push("KV cache " + pct(w.kv_usage));
-      if (w.pacing) bits.push("background cap " + w.pacing.background_cap);
+      if (w.pacing) {
+        bits.push("background cap " + w.pacing.background_cap);
+        if (w.pacing.app_cap !== null && w.pacing.app_cap !== undefined)
+          bits.push("per-app cap " + w.pacing.app_cap);
+      }
       bits.push("served " + num(w.served));
       var info = el("span", "small", bits.join(" · "));
       info.dataset.role = "stats";

@@ -21,6 +21,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from hearthgate.policies.pacing import PacingState
 from hearthgate.policies.scheduler import Scheduler
 
 # No `*_created` series: in the text format each counter and histogram child would add a
@@ -251,7 +252,7 @@ class SchedulerCollector(Collector):
     def __init__(
         self,
         scheduler: Scheduler,
-        pacing: Callable[[], Mapping[str, tuple[int, float | None]]] | None = None,
+        pacing: Callable[[], Mapping[str, PacingState]] | None = None,
     ) -> None:
         self._scheduler = scheduler
         self._pacing = pacing
@@ -298,16 +299,23 @@ class SchedulerCollector(Collector):
             "Background sequences decode pacing allows on each worker now",
             labels=["worker"],
         )
+        app_cap = GaugeMetricFamily(
+            "hearthgate_pacing_app_cap",
+            "Interactive sequences decode pacing allows any one app on each worker now",
+            labels=["worker"],
+        )
         gap = GaugeMetricFamily(
             "hearthgate_pacing_token_gap_seconds",
             "Mean gap between streamed tokens on each worker in pacing's last interval",
             labels=["worker"],
         )
-        for name, (c, g) in self._pacing().items():
-            cap.add_metric([name], c)
-            if g is not None:
-                gap.add_metric([name], g)
-        yield from (cap, gap)
+        for name, state in self._pacing().items():
+            cap.add_metric([name], state.background_cap)
+            if state.app_cap is not None:
+                app_cap.add_metric([name], state.app_cap)
+            if state.token_gap_s is not None:
+                gap.add_metric([name], state.token_gap_s)
+        yield from (cap, app_cap, gap)
 
 
 @dataclass(frozen=True)

@@ -75,3 +75,11 @@ def pacing_rule(settings: Settings) -> PacingRule | None:
     return PacingRule(
         target_gap_s=gap_ms / 1000, interval_s=p.interval_ms / 1000, max_cap=p.max_cap
     )
+
+
+def app_pacing_floor(settings: Settings) -> int | None:
+    """The per-app pacing cap's floor, or None when per-app pacing (or pacing) is off."""
+    p = settings.scheduler.pacing
+    if not p.per_app or settings.pacing_gap_ms() is None:
+        return None
+    return p.app_min_cap

@@ -380,6 +380,13 @@ class Pacing(_Strict):
     # The cap at start and its ceiling: 32 long-prompt sequences in flight gave 427 tok/s
     # where 64 gave 259 (pacing-tune.md, run 3).
     max_cap: int = Field(32, ge=1)
+    # Also cap the interactive sequences any one app has on a worker, from the same gaps,
+    # once background is at its floor: an app flooding a chat class waits in the gateway,
+    # where fair sharing puts the other apps first (policies/pacing.py WorkerPacer).
+    per_app: bool = True
+    # The per-app cap never goes below this: 4 per app kept the chat UI's TTFT p99 at its
+    # solo value beside a scraper flood (loadtests/results/noisy-flood-caps.md).
+    app_min_cap: int = Field(4, ge=1)
 
 
 class Shutdown(_Strict):

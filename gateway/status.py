@@ -46,9 +46,10 @@ def render_status(
         w["prefill_tokens"] = 0 if u is None else u.prefill_tokens
         paced = pacing.get(str(w["name"]))
         if paced is not None:
-            cap, gap = paced
+            gap = paced.token_gap_s
             w["pacing"] = {
-                "background_cap": cap,
+                "background_cap": paced.background_cap,
+                "app_cap": paced.app_cap,
                 "token_gap_s": None if gap is None else round(gap, 4),
             }
     classes = scheduler.classes

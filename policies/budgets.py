@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from hearthgate.policies.types import WorkerSnapshot
@@ -21,6 +21,7 @@ class Verdict(enum.Enum):
     SLOTS = "slots"  # total in-flight cap, minus the interactive reserve for background
     PREFILL = "prefill"  # prefill token budget, minus the interactive reserve for background
     PACED = "paced"  # background sequences at the worker's decode-pacing cap
+    APP_PACED = "app_paced"  # the app's interactive sequences at the worker's per-app cap
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +39,13 @@ class WorkerUsage:
     interactive_prefill_tokens: int
     prefill_requests: int
     interactive_in_flight: int = 0
+    # Interactive sequences by app (only apps with some), for the per-app pacing cap.
+    interactive_by_app: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def heaviest_app(self) -> int:
+        """The most interactive sequences any one app has here."""
+        return max(self.interactive_by_app.values(), default=0)
 
 
 class WorkerLoad:
@@ -50,16 +58,26 @@ class WorkerLoad:
         self._prefill_interactive = 0
         self._prefill_requests = 0
         self._interactive = 0
+        self._by_app: dict[str, int] = {}  # interactive sequences by app
 
-    def add(self, cls: str, interactive: bool, prompt_tokens: int, sequences: int = 1) -> None:
-        """A request of ``sequences`` sequences was admitted here; it is in prefill until
-        ``end_prefill``."""
+    def add(
+        self,
+        cls: str,
+        interactive: bool,
+        prompt_tokens: int,
+        sequences: int = 1,
+        app: str | None = None,
+    ) -> None:
+        """A request of ``sequences`` sequences (of ``app``) was admitted here; it is in
+        prefill until ``end_prefill``."""
         self._by_class[cls] = self._by_class.get(cls, 0) + sequences
         self._prefill += prompt_tokens
         self._prefill_requests += 1
         if interactive:
             self._prefill_interactive += prompt_tokens
             self._interactive += sequences
+            if app is not None:
+                self._by_app[app] = self._by_app.get(app, 0) + sequences
 
     def end_prefill(self, interactive: bool, prompt_tokens: int) -> None:
         """The request's first token arrived (or it ended before one): release its tokens."""
@@ -68,10 +86,18 @@ class WorkerLoad:
         if interactive:
             self._prefill_interactive -= prompt_tokens
 
-    def remove(self, cls: str, interactive: bool = False, sequences: int = 1) -> None:
+    def remove(
+        self, cls: str, interactive: bool = False, sequences: int = 1, app: str | None = None
+    ) -> None:
         """The request finished: release its slots (its prefill must have ended already)."""
         if interactive:
             self._interactive -= sequences
+            if app is not None:
+                held = self._by_app[app] - sequences
+                if held:
+                    self._by_app[app] = held
+                else:
+                    del self._by_app[app]
         left = self._by_class[cls] - sequences
         if left:
             self._by_class[cls] = left
@@ -88,6 +114,7 @@ class WorkerLoad:
             interactive_prefill_tokens=self._prefill_interactive,
             prefill_requests=self._prefill_requests,
             interactive_in_flight=self._interactive,
+            interactive_by_app=MappingProxyType(dict(self._by_app)),
         )
 
 
@@ -98,15 +125,20 @@ def check(
     interactive: bool,
     prompt_tokens: int,
     sequences: int = 1,
+    app: str | None = None,
 ) -> Verdict:
-    """Whether one more request of ``cls`` with ``prompt_tokens`` fits ``worker`` now.
+    """Whether one more request of ``cls`` (from ``app``) with ``prompt_tokens`` fits
+    ``worker`` now.
     In-flight counts and caps are in sequences (a request with ``n`` completions runs as
     ``sequences`` of them); a request with more sequences than a cap runs alone.
 
     Background classes may not use the interactive reserve (slots or prefill tokens) and
     wait while the worker is saturated or has as many background sequences as its
-    decode-pacing cap (``WorkerSnapshot.background_cap``). The prefill budget admits any
-    request when nothing is in prefill (so a request larger than the budget goes alone);
+    decode-pacing cap (``WorkerSnapshot.background_cap``); an interactive request waits
+    while its app has as many interactive sequences there as the per-app pacing cap
+    (``WorkerSnapshot.app_cap``; an app with none there is always let in). The prefill
+    budget admits any request when nothing is in prefill (so a request larger than the
+    budget goes alone);
     interactive requests may also always use the reserved prefill tokens not used by other
     interactive requests, even while an oversized background prompt is alone in prefill.
     """
@@ -122,6 +154,8 @@ def check(
     background = usage.in_flight - usage.interactive_in_flight
     if not interactive and bg_cap is not None and background >= bg_cap:
         return Verdict.PACED
+    if interactive and app is not None and app_paced(worker, usage, app, sequences):
+        return Verdict.APP_PACED
     if lim.max_in_flight is not None:
         slots = lim.max_in_flight - (0 if interactive else lim.interactive_reserved_slots)
         alone = sequences > 1 and usage.in_flight == 0  # too big to ever fit: runs alone
@@ -138,3 +172,13 @@ def check(
         if not fits:
             return Verdict.PREFILL
     return Verdict.FITS
+
+
+def app_paced(worker: WorkerSnapshot, usage: WorkerUsage, app: str, sequences: int = 1) -> bool:
+    """Whether ``app`` is at the worker's per-app pacing cap for interactive work: it has
+    some interactive sequences there and ``sequences`` more would pass the cap."""
+    cap = worker.app_cap
+    if cap is None:
+        return False
+    held = usage.interactive_by_app.get(app, 0)
+    return held > 0 and held + sequences > cap

@@ -19,13 +19,19 @@ multiplicative decrease):
   in flight at the cap): one more sequence;
 - no gap observed (nothing streamed): unchanged.
 
+The same gaps move a second cap, on the interactive sequences any one app may have on the
+worker (``WorkerPacer``): an app flooding an interactive class is held to it, so the queue
+forms in the gateway, where fair sharing lets the other apps' requests go first, instead of
+in vLLM's own first-come-first-served queue. It is cut only once the background work has
+come down to its own floor: background gives way first.
+
 Pure: the caller passes the time and the observations; no clock, no I/O.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +77,9 @@ class DecodePacer:
             self._time += seconds
             self._tokens += tokens
 
-    def update(self, now: float, background_in_flight: int) -> int:
-        """Move the cap if an interval has passed; the cap now."""
+    def update(self, now: float, background_in_flight: int, may_cut: bool = True) -> int:
+        """Move the cap if an interval has passed; the cap now. ``may_cut`` False: a gap
+        over the target leaves the cap where it is (something else gives way first)."""
         if now - self._since < self.rule.interval_s:
             return self.cap
         self._since = now
@@ -85,10 +92,69 @@ class DecodePacer:
         if self._settling and background_in_flight <= self.cap:
             self._settling = False
         if gap > r.target_gap_s:
-            if not self._settling:
+            if may_cut and not self._settling:
                 base = min(self.cap, background_in_flight)
                 self.cap = max(r.min_cap, math.floor(base * r.decrease))
                 self._settling = background_in_flight > self.cap
         elif gap < r.headroom * r.target_gap_s and background_in_flight >= self.cap:
             self.cap = min(r.max_cap, self.cap + 1)
         return self.cap
+
+
+APP_DECREASE = 0.85  # the per-app cap's multiplicative cut (WorkerPacer)
+
+
+@dataclass(frozen=True, slots=True)
+class PacingState:
+    """One paced worker: its background cap, its per-app interactive cap (None: off) and
+    the mean token gap of the last interval (None before any)."""
+
+    background_cap: int
+    app_cap: int | None
+    token_gap_s: float | None
+
+
+class WorkerPacer:
+    """Both pacing caps of one worker, moved by the same token gaps: ``cap`` on background
+    sequences, and ``app_cap`` (None when per-app pacing is off) on the interactive
+    sequences of any one app, which is cut only while background is at its floor."""
+
+    def __init__(self, rule: PacingRule, now: float, app_min_cap: int | None = None) -> None:
+        self._background = DecodePacer(rule, now)
+        self._apps: DecodePacer | None = None
+        if app_min_cap is not None:
+            floor = min(app_min_cap, rule.max_cap)
+            # Gentler cuts than for background: a flooding app's sequences are short and
+            # there are always more queued, so a deep cut only leaves the worker idle
+            # (cuts to 0.7 held the cap around 16 where the gap allowed about 24).
+            decrease = max(rule.decrease, APP_DECREASE)
+            self._apps = DecodePacer(replace(rule, min_cap=floor, decrease=decrease), now)
+
+    @property
+    def rule(self) -> PacingRule:
+        return self._background.rule
+
+    @property
+    def cap(self) -> int:
+        return self._background.cap
+
+    @property
+    def app_cap(self) -> int | None:
+        return None if self._apps is None else self._apps.cap
+
+    @property
+    def last_gap_s(self) -> float | None:
+        return self._background.last_gap_s
+
+    def observe(self, seconds: float, tokens: int) -> None:
+        self._background.observe(seconds, tokens)
+        if self._apps is not None:
+            self._apps.observe(seconds, tokens)
+
+    def update(self, now: float, background_in_flight: int, heaviest_app: int) -> None:
+        """Move the caps if an interval has passed. ``heaviest_app``: the most interactive
+        sequences one app has on the worker."""
+        self._background.update(now, background_in_flight)
+        if self._apps is not None:
+            floor = self._background.rule.min_cap
+            self._apps.update(now, heaviest_app, may_cut=background_in_flight <= floor)

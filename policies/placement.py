@@ -15,7 +15,7 @@ class Blocked(enum.Enum):
     """Why a request fits no worker."""
 
     NO_WORKER = "no_worker"  # no healthy worker at all
-    OWN_CAP = "own_cap"  # every healthy worker has the class at its own in-flight cap
+    OWN_CAP = "own_cap"  # every healthy worker has the class (or the app) at its own cap
     SHARED = "shared"  # a shared budget (slots, prefill, saturation) is in the way
 
 
@@ -36,6 +36,7 @@ def place(
     eligible: frozenset[str] | None = None,
     routing: RoutingPolicy = DEFAULT_POLICY,
     sequences: int = 1,
+    app: str | None = None,
 ) -> Placement:
     """The best-scoring worker (``policies.routing.scores``: gateway in-flight, scraped
     waiting and KV usage; ties by name) among those the request fits, else the reason it
@@ -50,7 +51,7 @@ def place(
     own_cap = 0
     for w in considered:
         u = usage[w.name]
-        verdict = check(w, u, cls, interactive, prompt_tokens, sequences)
+        verdict = check(w, u, cls, interactive, prompt_tokens, sequences, app)
         if verdict is Verdict.UNHEALTHY:
             continue
         healthy += 1
@@ -58,8 +59,8 @@ def place(
             key = (score[w.name], w.name)
             if best is None or key < best:
                 best = key
-        elif verdict is Verdict.CLASS_CAP:
-            own_cap += 1
+        elif verdict in (Verdict.CLASS_CAP, Verdict.APP_PACED):
+            own_cap += 1  # limits of this class or app only: other work may still go
     if best is not None:
         return Placement(best[1], None)
     if healthy == 0:

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hearthgate.policies.bands import Backlog, precedence
-from hearthgate.policies.budgets import WorkerLoad, WorkerUsage
+from hearthgate.policies.budgets import WorkerLoad, WorkerUsage, app_paced
 from hearthgate.policies.class_queue import ClassQueue
 from hearthgate.policies.fairness import FAIR_SHARES, FairShareFactory, FairShareParams
 from hearthgate.policies.ordering import ORDERINGS, OrderingPolicy
@@ -302,6 +302,7 @@ class Scheduler:
         at_cap = {
             t for t, cap in self._tenant_caps.items() if self._tenant_running.get(t, 0) >= cap
         }
+        paced_for: dict[tuple[str, int], set[str]] = {}  # (app, sequences) -> workers
         for name in precedence(backlogs, now):
             q = self._queues[name]
             interactive = q.policy.interactive
@@ -314,8 +315,20 @@ class Scheduler:
                 # long-prefill worker rather than spilling onto a general one); the budgets
                 # then decide which of those it fits, best score first.
                 allowed = route(workers, cand, self._routing) - closed
+                if interactive and allowed:
+                    # Workers where its app is at the per-app pacing cap: only this app's
+                    # work waits for them, other apps' requests of the class go first.
+                    key = (cand.tenant, cand.sequences)
+                    paced = paced_for.get(key)
+                    if paced is None:
+                        paced = paced_for[key] = {
+                            w.name
+                            for w in workers
+                            if app_paced(w, usage[w.name], cand.tenant, cand.sequences)
+                        }
+                    allowed -= paced
                 if not allowed:
-                    continue  # its workers are held, down, or none of them is known
+                    continue  # its workers are held, down, paced, or none of them is known
                 spot = place(
                     workers,
                     usage,
@@ -325,6 +338,7 @@ class Scheduler:
                     allowed,
                     self._routing,
                     cand.sequences,
+                    cand.tenant,
                 )
                 if spot.worker is not None:
                     self._start(cand, spot.worker, interactive)
@@ -347,7 +361,7 @@ class Scheduler:
         self._ledger.record(req.cls, req.dispatched_tokens)
         if not len(q):
             self._ledger.close(req.cls)
-        self._loads[worker].add(req.cls, interactive, req.prompt_tokens, req.sequences)
+        self._loads[worker].add(req.cls, interactive, req.prompt_tokens, req.sequences, req.tenant)
         self._running[req.id] = _Running(req, worker, interactive)
         if req.tenant in self._tenant_caps:
             self._tenant_running[req.tenant] = self._tenant_running.get(req.tenant, 0) + 1
@@ -391,7 +405,7 @@ class Scheduler:
         req = run.request
         if run.in_prefill:
             self._end_prefill(run)
-        self._loads[run.worker].remove(req.cls, run.interactive, req.sequences)
+        self._loads[run.worker].remove(req.cls, run.interactive, req.sequences, req.tenant)
         if req.tenant in self._tenant_running:
             left = self._tenant_running[req.tenant] - 1
             if left:

@@ -217,11 +217,14 @@ class WorkerSnapshot:
     # Background (non-interactive) sequences allowed on the worker now (policies.pacing);
     # None: no such cap.
     background_cap: int | None = None
+    # Interactive sequences one app may have on the worker now (policies.pacing, the
+    # per-app cap); None: no such cap.
+    app_cap: int | None = None
 
     def __post_init__(self) -> None:
         _require(bool(self.name), "worker name must not be empty")
-        cap = self.background_cap
-        _require(cap is None or cap >= 1, "background_cap must be >= 1")
+        for cap in (self.background_cap, self.app_cap):
+            _require(cap is None or cap >= 1, "pacing caps must be >= 1")
 
     @property
     def saturated(self) -> bool:

@@ -197,9 +197,10 @@ async def test_streamed_gaps_pace_background_admissions() -> None:
         clock.t += 0.04
     clock.t += 0.5
     ctl.tick()
-    cap, gap = ctl.pacing_state()["w0"]
-    assert cap == 2  # floor(4 running x 0.5)
-    assert gap == pytest.approx(0.04)
+    state = ctl.pacing_state()["w0"]
+    assert state.background_cap == 2  # floor(4 running x 0.5)
+    assert state.token_gap_s == pytest.approx(0.04)
+    assert state.app_cap is None  # per-app pacing is off unless given a floor
     assert [s.background_cap for s in ctl.snapshots()] == [2]
     waiter = asyncio.create_task(ctl.admit(QueuedRequest("b4", "rag", "app", clock(), 2, 10, 50)))
     await queued(ctl, waiter)
@@ -248,3 +249,75 @@ async def test_late_shedding_is_a_429_with_the_wait_the_drain_rate_justifies() -
     running.finish(10, 5)
     for w in waiters:
         w.cancel()
+
+
+async def test_a_flooding_app_is_paced_while_a_light_app_of_its_class_passes() -> None:
+    """With per-app pacing, slow token gaps and no background to give way cut the cap on
+    one app's interactive sequences: the flooding app's next request waits in the gateway,
+    another app's request of the same class goes straight to the worker, and the flood's
+    request goes once one of its own finishes."""
+    from hearthgate.policies.pacing import PacingRule
+
+    clock = Clock()
+    sched = Scheduler([ClassPolicy("chat", 1, interactive=True)])
+    snaps = [WorkerSnapshot("w0")]
+    rule = PacingRule(target_gap_s=0.02, interval_s=0.5, decrease=0.5, max_cap=8)
+    ctl = AdmissionController(sched, lambda: snaps, clock=clock, pacing=rule, app_pacing_floor=2)
+    flood = [
+        await ctl.admit(QueuedRequest(f"s{i}", "chat", "scraper", clock(), 1, 100, 50))
+        for i in range(6)
+    ]
+    for n in range(1, 6):  # 40 ms between tokens: twice the target
+        flood[0].progress(n)
+        clock.t += 0.04
+    clock.t += 0.5
+    ctl.tick()
+    state = ctl.pacing_state()["w0"]
+    assert state.app_cap == 5  # floor(6 in flight x 0.85)
+    assert state.background_cap == 1  # no background ran: its cap is at the floor
+    waiter = asyncio.create_task(
+        ctl.admit(QueuedRequest("s6", "chat", "scraper", clock(), 1, 100, 50))
+    )
+    await queued(ctl, waiter)
+    assert not waiter.done()  # the scraper holds 6, its cap is 5
+    light = await ctl.admit(QueuedRequest("c0", "chat", "chatui", clock(), 1, 10, 5))
+    assert light.worker == "w0"  # another app passes at once
+    flood[0].finish(100, 50)
+    await asyncio.sleep(0)
+    assert not waiter.done()  # 5 left: still at the cap
+    flood[1].finish(100, 50)
+    (await asyncio.wait_for(waiter, 1.0)).finish(100, 50)
+    for t in [*flood[2:], light]:
+        t.finish(10, 5)
+
+
+async def test_background_gives_way_before_an_app_is_paced() -> None:
+    """Slow gaps cut the background cap first; the per-app cap stays while background
+    sequences above the floor still run."""
+    from hearthgate.policies.pacing import PacingRule
+
+    clock = Clock()
+    sched = Scheduler(
+        [ClassPolicy("chat", 1, interactive=True), ClassPolicy("rag", 2, interactive=False)]
+    )
+    snaps = [WorkerSnapshot("w0")]
+    rule = PacingRule(target_gap_s=0.02, interval_s=0.5, decrease=0.5, max_cap=8)
+    ctl = AdmissionController(sched, lambda: snaps, clock=clock, pacing=rule, app_pacing_floor=2)
+    bg = [
+        await ctl.admit(QueuedRequest(f"b{i}", "rag", "notes", clock(), 2, 10, 50))
+        for i in range(4)
+    ]
+    chat = [
+        await ctl.admit(QueuedRequest(f"c{i}", "chat", "chatui", clock(), 1, 10, 50))
+        for i in range(4)
+    ]
+    for n in range(1, 6):
+        chat[0].progress(n)
+        clock.t += 0.04
+    clock.t += 0.5
+    ctl.tick()
+    state = ctl.pacing_state()["w0"]
+    assert state.background_cap == 2
+    assert state.app_cap == 8  # background (4 running) is above its floor: it goes first
+    for t in [*bg, *chat]:
+        t.finish(10, 5)

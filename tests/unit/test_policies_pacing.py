@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hearthgate.policies import Scheduler
+from hearthgate.policies import ClassPolicy, Scheduler
 from hearthgate.policies.budgets import Verdict, WorkerLoad, check
-from hearthgate.policies.pacing import DecodePacer, PacingRule
-from tests.unit.test_policies_support import CLASSES, req, worker
+from hearthgate.policies.pacing import DecodePacer, PacingRule, WorkerPacer
+from tests.unit.test_policies_support import CLASSES, classes, req, worker
 
 RULE = PacingRule(target_gap_s=0.020, interval_s=0.5, decrease=0.5, max_cap=16)
 
@@ -169,3 +169,56 @@ def test_scheduler_holds_background_at_the_cap_and_lets_interactive_through() ->
 def test_snapshot_rejects_a_zero_cap() -> None:
     with pytest.raises(ValueError):
         replace(worker(), background_cap=0)
+
+
+def test_app_cap_counts_each_apps_interactive_sequences() -> None:
+    load = WorkerLoad("w0")
+    for _ in range(3):
+        load.add("chat", True, 10, app="scraper")
+    load.add("chat", True, 10, app="chatui")
+    load.add("rag", False, 10, app="notes")
+    u = load.usage()
+    assert dict(u.interactive_by_app) == {"scraper": 3, "chatui": 1}
+    assert u.heaviest_app == 3
+    w = replace(worker(), app_cap=3)
+    assert check(w, u, "chat", True, 10, app="scraper") is Verdict.APP_PACED
+    assert check(w, u, "chat", True, 10, app="chatui") is Verdict.FITS
+    assert check(w, u, "chat", True, 10, app="guest") is Verdict.FITS
+    assert check(w, u, "rag", False, 10, app="notes") is Verdict.FITS  # background: its own cap
+    # An app with nothing there is let in even with more sequences than the cap.
+    assert check(replace(w, app_cap=1), u, "chat", True, 10, 4, app="guest") is Verdict.FITS
+    load.remove("chat", True, app="scraper")
+    assert check(w, load.usage(), "chat", True, 10, app="scraper") is Verdict.FITS
+
+
+def test_a_paced_app_first_in_line_does_not_hold_other_apps_of_its_class() -> None:
+    """The paced app's queued request comes first (fcfs between apps here), yet the
+    other app's later request is admitted; the paced one goes once its app is below the
+    cap again."""
+    sched = Scheduler(classes(ClassPolicy("chat", 1, interactive=True, fair_share="fcfs")))
+    sched.enqueue(req("s0", "chat", tenant="scraper", arrival=0), 0.0)
+    sched.enqueue(req("s1", "chat", tenant="scraper", arrival=1), 0.0)
+    w = [replace(worker(), app_cap=2)]
+    assert [a.request.id for a in sched.admit(1.0, w)] == ["s0", "s1"]
+    sched.enqueue(req("s2", "chat", tenant="scraper", arrival=2), 2.0)
+    sched.enqueue(req("c0", "chat", tenant="chatui", arrival=3), 3.0)
+    assert [a.request.id for a in sched.admit(3.0, w)] == ["c0"]
+    sched.on_finish("s0", None, None, 4.0)
+    assert [a.request.id for a in sched.admit(4.0, w)] == ["s2"]
+
+
+def test_worker_pacer_cuts_apps_only_once_background_is_at_its_floor() -> None:
+    rule = PacingRule(target_gap_s=0.02, interval_s=0.5, decrease=0.5, max_cap=16)
+    p = WorkerPacer(rule, 0.0, app_min_cap=4)
+    assert (p.cap, p.app_cap) == (16, 16)
+    p.observe(0.04, 1)
+    p.update(0.5, background_in_flight=8, heaviest_app=12)
+    assert (p.cap, p.app_cap) == (4, 16)  # background first
+    p.observe(0.04, 1)
+    p.update(1.0, background_in_flight=1, heaviest_app=12)
+    assert p.app_cap == 10  # floor(12 x 0.85), a gentler cut: background at its floor now
+    for t, held in ((1.5, 6), (2.0, 5), (2.5, 4), (3.0, 4)):  # the app's work comes down
+        p.observe(0.04, 1)
+        p.update(t, background_in_flight=0, heaviest_app=held)
+    assert p.app_cap == 4  # never below the app floor
+    assert WorkerPacer(rule, 0.0).app_cap is None  # per-app pacing off

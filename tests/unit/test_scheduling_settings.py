@@ -1,0 +1,43 @@
+"""The settings behind decode pacing, as the gateway hands them to the admission controller:
+the background rule and the per-app cap's floor, both off together or per_app alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from hearthgate.gateway.scheduling import app_pacing_floor, pacing_rule
+from hearthgate.gateway.settings import load_settings
+
+WORKERS = [{"name": "w0", "url": "http://127.0.0.1:9", "models": ["m"]}]
+
+
+def settings(**pacing: Any) -> Any:
+    return load_settings(None, workers=WORKERS, scheduler={"pacing": pacing})
+
+
+def test_defaults_pace_background_and_apps() -> None:
+    s = settings()
+    rule = pacing_rule(s)
+    assert rule is not None
+    assert rule.target_gap_s == pytest.approx(0.015)  # 0.3 x the chat class's 50 ms itl
+    assert app_pacing_floor(s) == 4
+
+
+def test_per_app_off_keeps_background_pacing() -> None:
+    s = settings(per_app=False)
+    assert pacing_rule(s) is not None
+    assert app_pacing_floor(s) is None
+
+
+def test_pacing_off_turns_off_both() -> None:
+    s = settings(enabled=False, app_min_cap=2)
+    assert pacing_rule(s) is None
+    assert app_pacing_floor(s) is None
+
+
+def test_app_floor_is_set_by_hand() -> None:
+    assert app_pacing_floor(settings(app_min_cap=8)) == 8
+    with pytest.raises(Exception, match="app_min_cap"):
+        settings(app_min_cap=0)
