@@ -14,13 +14,13 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
+from hearthgate.gateway import inprocess
 from hearthgate.gateway.admission import AdmissionController
 from hearthgate.gateway.classify import ANONYMOUS, CLASS_HEADER, Classification, Classifier
 from hearthgate.gateway.coalesce import Coalescer, client_upstream, mergeable, window_policies
@@ -32,6 +32,7 @@ from hearthgate.gateway.errors import (
     class_gone,
     error_response,
 )
+from hearthgate.gateway.inprocess import Answer, OnBehalf
 from hearthgate.gateway.lease import FirstByteTimeout, Lease, LeaseBook, WorkerLost
 from hearthgate.gateway.metrics import GatewayMetrics, SchedulerCollector, WorkerCollector
 from hearthgate.gateway.parse import ParsedRequest, parse_body, read_body
@@ -59,23 +60,6 @@ ROUTES = {
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
 }
-
-
-@dataclass(frozen=True)
-class OnBehalf:
-    """Who a request the gateway makes itself is for: the owning app and the class."""
-
-    app: str
-    cls: str
-
-
-@dataclass(frozen=True)
-class Answer:
-    """What an in-process request got: status, headers (lower-case names) and body."""
-
-    status: int
-    headers: dict[str, str]
-    body: bytes
 
 
 def app_names(settings: Settings) -> list[str]:
@@ -479,53 +463,14 @@ class Gateway:
     async def call(
         self, route: str, body: bytes, on_behalf: OnBehalf, stop: asyncio.Event
     ) -> Answer:
-        """One non-streaming request through the whole request path (classes, fair shares,
-        admission, coalescing, failover), made by the gateway itself. Setting ``stop``
-        acts as the client leaving: the request is withdrawn or aborted upstream."""
-        scope: Scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": "POST",
-            "scheme": "http",
-            "path": route,
-            "raw_path": route.encode(),
-            "query_string": b"",
-            "root_path": "",
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-            "client": None,
-            "server": None,
-        }
-        sent_body = False
+        """One non-streaming request through the whole request path, made by the gateway
+        itself (gateway/inprocess.py). Setting ``stop`` acts as the client leaving: the
+        request is withdrawn or aborted upstream."""
 
-        async def receive() -> Message:
-            nonlocal sent_body
-            if not sent_body:
-                sent_body = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            await stop.wait()
-            return {"type": "http.disconnect"}
+        async def serve(scope: Scope, receive: Receive, send: Send, who: OnBehalf) -> None:
+            await self.serve(scope, receive, send, on_behalf=who)
 
-        status = 0
-        headers: dict[str, str] = {}
-        chunks: list[bytes] = []
-
-        async def send(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                headers.update(
-                    (k.decode("latin-1").lower(), v.decode("latin-1"))
-                    for k, v in message.get("headers", [])
-                )
-            elif message["type"] == "http.response.body":
-                chunks.append(message.get("body", b""))
-
-        await self.serve(scope, receive, send, on_behalf=on_behalf)
-        return Answer(status, headers, b"".join(chunks))
+        return await inprocess.call(serve, route, body, on_behalf, stop)
 
     # ------------------------------------------------------------ views
 

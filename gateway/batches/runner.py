@@ -32,10 +32,11 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import RedisError
 
 from hearthgate.gateway.batches.store import ACTIVE_STATUSES, BatchStore, Claimed, missing_line
+from hearthgate.gateway.inprocess import Answer, OnBehalf
 from hearthgate.gateway.settings import Settings
 
 if TYPE_CHECKING:
-    from hearthgate.gateway.core import Answer, Gateway
+    from hearthgate.gateway.core import Gateway
 
 log = logging.getLogger("hearthgate.batch")
 
@@ -353,8 +354,6 @@ class BatchRunner:
             self.wake()
 
     async def _call(self, b: _Batch, body: bytes) -> Answer | None:
-        from hearthgate.gateway.core import OnBehalf
-
         who = OnBehalf(b.owner, self.cls)
         retries = 0
         while True:
