@@ -199,7 +199,7 @@ class AdmissionController:
         rejection = self.scheduler.enqueue(
             req,
             now,
-            self.drain.rate(req.cls, now),
+            self.drain.measured_rate(req.cls, now),
             self.prefill_rates.fastest_seconds(req.prompt_tokens),
         )
         if rejection is not None:
@@ -390,9 +390,12 @@ class AdmissionController:
 
     def pump(self) -> None:
         """Admit whatever fits now and wake those waiters."""
+        now = self.clock()
+        for cls in self.scheduler.classes:  # busy periods, for the drain rates
+            self.drain.busy(cls, now, self.scheduler.active(cls))
         if not self._waiters:
             return
-        for adm in self.scheduler.admit(self.clock(), self.snapshots()):
+        for adm in self.scheduler.admit(now, self.snapshots()):
             fut = self._waiters.get(adm.request.id)
             if fut is not None and not fut.done():
                 fut.set_result(adm.worker)

@@ -215,9 +215,14 @@ class RequestClass(_Strict):
     # A background class with a ttft_ms target answers 429 at once, with the Retry-After
     # its drain rate justifies, to a request whose wait in line plus its own prefill would
     # pass that target (interactive classes and classes without ttft_ms never shed so).
-    # On: RAG at 4x home-mix went from 0% to ~half its requests on target and background
-    # tokens did not drop (loadtests/results/shed-sweep.md).
-    shed_late: bool = True
+    # Off by default. Under steady overload it helps (RAG at 4x home-mix: 0% -> ~half its
+    # requests on target, loadtests/results/shed-sweep.md), but in the scenario matrix,
+    # with one gateway living through changing load, it refused 10-28% of RAG at home-mix
+    # x1 and ~half of rag-burst x1's RAG, all of which vLLM alone served within target
+    # (loadtests/results/matrix-1round.md, matrix-busyfix.md): pacing queues RAG at light
+    # load and the prediction then reads the line as too long. Turn it on for a class that
+    # is routinely flooded.
+    shed_late: bool = False
     ordering: Literal["fcfs", "edf"] = "fcfs"
     fair_share: Literal["vtc", "fcfs"] = "vtc"
     # This class's own first-byte limit (null: upstream.first_byte_timeout_s).

@@ -82,7 +82,7 @@ class SoakConfig:
 def soak_settings(gen_url: str, embed_url: str) -> dict[str, Any]:
     """Gateway settings of the soak: budgets that make RAG queue (two in flight at most),
     and an embeddings window that always waits a little, so disconnects land inside it.
-    RAG does not shed late (``shed_late``, on by default): the soak wants its queue, and
+    RAG does not shed late (``shed_late``, said explicitly): the soak wants its queue, and
     checks that every request away from a kill completes; late shedding's 429s have their
     own tests."""
     return {

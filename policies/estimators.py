@@ -13,14 +13,27 @@ from collections import deque
 
 
 class DrainRate:
-    """Requests of each class finished per second over a sliding window (for Retry-After).
-    Memory is bounded: old ends are dropped as new ones come, and at most ``max_events``
-    ends are kept per class."""
+    """Requests of each class finished per second over a sliding window (for Retry-After
+    and late shedding). Memory is bounded: old ends are dropped as new ones come, and at
+    most ``max_events`` ends are kept per class.
 
-    def __init__(self, window_s: float = 30.0, max_events: int = 100_000) -> None:
+    A class whose busy periods are reported (``busy``: it has requests queued or running)
+    is measured over the time it was busy in the window, not the whole window: a class
+    that just started, or that comes in bursts, finishes requests as fast as the worker
+    serves it while it has work, and the idle time before must not make that look slower
+    (a 30 s window at start-up or between bursts of RAG had the gateway refuse requests
+    the worker could serve within target).
+    """
+
+    def __init__(
+        self, window_s: float = 30.0, max_events: int = 100_000, min_ends: int = 8
+    ) -> None:
         self._window = window_s
         self._max = max_events
+        self.min_ends = min_ends
         self._ends: dict[str, deque[float]] = {}
+        self._busy_since: dict[str, float] = {}  # class -> start of its busy period now
+        self._periods: dict[str, deque[tuple[float, float]]] = {}  # closed busy periods
 
     def record(self, cls: str, now: float) -> None:
         ends = self._ends.get(cls)
@@ -28,6 +41,34 @@ class DrainRate:
             ends = self._ends[cls] = deque(maxlen=self._max)
         ends.append(now)
         self._trim(ends, now)
+
+    def busy(self, cls: str, now: float, active: bool) -> None:
+        """Whether ``cls`` has requests queued or running now (call on every change;
+        repeating the same state is harmless)."""
+        since = self._busy_since.get(cls)
+        periods = self._periods.get(cls)
+        if periods is None:
+            periods = self._periods[cls] = deque(maxlen=self._max)
+        if active and since is None:
+            self._busy_since[cls] = now
+        elif not active and since is not None:
+            del self._busy_since[cls]
+            periods.append((since, now))
+        while periods and periods[0][1] < now - self._window:
+            periods.popleft()
+
+    def _busy_seconds(self, cls: str, now: float) -> float | None:
+        """Seconds ``cls`` was busy in the window; None if its busy periods are not
+        reported."""
+        periods = self._periods.get(cls)
+        if periods is None:
+            return None
+        lo = now - self._window
+        total = sum(end - max(start, lo) for start, end in periods if end > lo)
+        since = self._busy_since.get(cls)
+        if since is not None:
+            total += now - max(since, lo)
+        return total
 
     def _trim(self, ends: deque[float], now: float) -> None:
         while ends and ends[0] < now - self._window:
@@ -42,7 +83,18 @@ class DrainRate:
         if not ends:
             return 0.0
         self._trim(ends, now)
-        return len(ends) / self._window
+        busy = self._busy_seconds(cls, now)
+        span = self._window if busy is None else max(busy, 0.1)
+        return len(ends) / span
+
+    def measured_rate(self, cls: str, now: float) -> float:
+        """``rate``, or 0 while fewer than ``min_ends`` requests of ``cls`` finished in the
+        window (too few to refuse anyone on)."""
+        ends = self._ends.get(cls)
+        if ends is None:
+            return 0.0
+        self._trim(ends, now)
+        return self.rate(cls, now) if len(ends) >= self.min_ends else 0.0
 
     def total_rate(self, now: float) -> float:
         """Requests of all classes finished per second over the window."""

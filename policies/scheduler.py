@@ -113,6 +113,7 @@ class Scheduler:
         }
         self._queued: dict[str, str] = {}  # request id -> class, while queued
         self._running: dict[str, _Running] = {}
+        self._running_by_class: dict[str, int] = {}
         self._loads: dict[str, WorkerLoad] = {}
         self._tenant_running: dict[str, int] = {}  # in-flight count of capped tenants
         self._ledger = ShareLedger()
@@ -174,10 +175,7 @@ class Scheduler:
         policies, params, caps = self._checked(classes, tenants, w_in, w_out, default_tenant_weight)
         names = {c.name for c in policies}
         busy = sorted(
-            name
-            for name, q in self._queues.items()
-            if name not in names
-            and (len(q) or any(r.request.cls == name for r in self._running.values()))
+            name for name, q in self._queues.items() if name not in names and self.active(name)
         )
         if busy:
             raise ValueError(
@@ -363,6 +361,7 @@ class Scheduler:
             self._ledger.close(req.cls)
         self._loads[worker].add(req.cls, interactive, req.prompt_tokens, req.sequences, req.tenant)
         self._running[req.id] = _Running(req, worker, interactive)
+        self._running_by_class[req.cls] = self._running_by_class.get(req.cls, 0) + 1
         if req.tenant in self._tenant_caps:
             self._tenant_running[req.tenant] = self._tenant_running.get(req.tenant, 0) + 1
 
@@ -403,6 +402,11 @@ class Scheduler:
         if run is None:
             return False
         req = run.request
+        left = self._running_by_class[req.cls] - 1
+        if left:
+            self._running_by_class[req.cls] = left
+        else:
+            del self._running_by_class[req.cls]
         if run.in_prefill:
             self._end_prefill(run)
         self._loads[run.worker].remove(req.cls, run.interactive, req.sequences, req.tenant)
@@ -428,6 +432,11 @@ class Scheduler:
     def classes(self) -> Mapping[str, ClassPolicy]:
         """Every configured class by name, in configuration order."""
         return {name: q.policy for name, q in self._queues.items()}
+
+    def active(self, cls: str) -> bool:
+        """Whether ``cls`` has requests queued or in flight."""
+        q = self._queues.get(cls)
+        return (q is not None and len(q) > 0) or cls in self._running_by_class
 
     def has_class(self, name: str) -> bool:
         """Whether ``name`` is a configured class (``enqueue`` refuses others)."""

@@ -230,7 +230,8 @@ async def test_late_shedding_is_a_429_with_the_wait_the_drain_rate_justifies() -
     sched = Scheduler([ClassPolicy("rag", 2, ttft_s=3.0, shed_late=True)])
     snaps = [WorkerSnapshot("w0", limits=WorkerBudget(max_in_flight=1))]
     ctl = AdmissionController(sched, lambda: snaps, clock=clock)
-    for i in range(30):  # 30 finished in the last 30 s: 1 request a second
+    ctl.drain.busy("rag", clock() - 30, True)  # busy for the last 30 s...
+    for i in range(30):  # ...finishing 30: 1 request a second
         ctl.drain.record("rag", clock() - i * 0.5)
     running = await ctl.admit(QueuedRequest("r0", "rag", "app", clock(), 2, 10, 5))
     waiters = [
@@ -321,3 +322,42 @@ async def test_background_gives_way_before_an_app_is_paced() -> None:
     assert state.app_cap == 8  # background (4 running) is above its floor: it goes first
     for t in [*bg, *chat]:
         t.finish(10, 5)
+
+
+async def test_late_shedding_measures_the_drain_rate_over_busy_time() -> None:
+    """At start-up the class has finished only a few requests in the 30 s window; a rate
+    over the whole window would make a short line look minutes long. Measured over the
+    time the class was busy, and only after enough of them finished, nobody is refused
+    for a line the worker drains within target."""
+    clock = Clock()
+    sched = Scheduler([ClassPolicy("rag", 2, ttft_s=3.0, shed_late=True)])
+    snaps = [WorkerSnapshot("w0", limits=WorkerBudget(max_in_flight=1))]
+    ctl = AdmissionController(sched, lambda: snaps, clock=clock)
+    first = await ctl.admit(QueuedRequest("r0", "rag", "notes", clock(), 2, 10, 5))
+    waiting = []
+    for i in range(1, 9):  # 8 more, served one at a time, each 0.25 s
+        waiting.append(
+            asyncio.create_task(
+                ctl.admit(QueuedRequest(f"r{i}", "rag", "notes", clock(), 2, 10, 5))
+            )
+        )
+    await asyncio.sleep(0)
+    running = first
+    for task in waiting:
+        clock.t += 0.25
+        running.finish(10, 5)
+        running = await asyncio.wait_for(task, 1)
+    # 8 ends in 2 busy seconds: 4 per second. Over a 30 s window it would be 0.27/s, and
+    # a request behind 2 others would be refused (7.5 s > 3 s).
+    assert ctl.drain.measured_rate("rag", clock()) == pytest.approx(4.0)
+    more = [
+        asyncio.create_task(ctl.admit(QueuedRequest(f"s{i}", "rag", "notes", clock(), 2, 10, 5)))
+        for i in range(3)
+    ]
+    await asyncio.sleep(0)
+    assert not any(t.done() for t in more)  # all three queued, none refused
+    for task in more:
+        clock.t += 0.25
+        running.finish(10, 5)
+        running = await asyncio.wait_for(task, 1)
+    running.finish(10, 5)

@@ -150,3 +150,41 @@ def test_json_limits() -> None:
     with pytest.raises(BadRequest, match="not valid JSON"):
         decode_json(b'{"n": Infinity}')
     assert decode_json(b'{"n": [1, 2]}') == {"n": [1, 2]}
+
+
+def test_drain_rate_counts_only_the_time_a_class_was_busy() -> None:
+    """A class that comes in bursts drains as fast as it is served while it has work: the
+    idle time before a burst (or before the first request after a start) does not make it
+    look slower. Without busy periods reported, the whole window counts."""
+    d = DrainRate(window_s=30)
+    d.busy("rag", 20.0, True)
+    for i in range(10):
+        d.record("rag", 20.5 + i * 0.5)  # 2 per second for 5 s
+    d.busy("rag", 25.0, False)
+    assert d.rate("rag", 25.0) == pytest.approx(2.0)
+    assert d.rate("rag", 40.0) == pytest.approx(2.0)  # idle since: still 2 while busy
+    plain = DrainRate(window_s=30)
+    for i in range(10):
+        plain.record("rag", 20.5 + i * 0.5)
+    assert plain.rate("rag", 25.0) == pytest.approx(10 / 30)
+
+
+def test_drain_rate_is_not_measured_before_enough_ends() -> None:
+    d = DrainRate(window_s=30, min_ends=8)
+    d.busy("rag", 0.0, True)
+    for i in range(7):
+        d.record("rag", 1.0 + i)
+    assert d.rate("rag", 8.0) > 0
+    assert d.measured_rate("rag", 8.0) == 0.0  # 7 ends: too few to refuse anyone on
+    d.record("rag", 8.0)
+    assert d.measured_rate("rag", 8.0) == pytest.approx(1.0)
+
+
+def test_busy_periods_leave_the_window_and_stay_bounded() -> None:
+    d = DrainRate(window_s=10, max_events=100)
+    for i in range(10_000):  # short busy periods, one a second
+        d.busy("rag", float(i), True)
+        d.record("rag", i + 0.5)
+        d.busy("rag", i + 0.5, False)
+    assert len(d._periods["rag"]) <= 11
+    assert d.rate("rag", 10_000.0) == pytest.approx(10 / 5.0)  # 10 ends in 5 busy seconds
