@@ -48,6 +48,9 @@ class Ticket:
     _prefill_released: bool = field(default=False)
     _last_token: tuple[float, int] | None = field(default=None)  # (time, tokens so far)
     queued_behind: int = 0  # requests queued ahead of it when it arrived (Scheduler.ahead)
+    interactive: bool = False
+    _streams: bool | None = field(default=None)  # None: not said yet
+    _prefill_running: bool = field(default=True)  # as far as pacing can tell (see _prefill_over)
 
     def first_token(self, observed: bool = True) -> None:
         """The first token arrived (``observed``) or the prefill is estimated to be over:
@@ -58,6 +61,8 @@ class Ticket:
         if observed and not self._first_token_seen:
             self._first_token_seen = True
             c.prefill_rates.observe(self.worker, self.request.prompt_tokens, now - self.admitted_at)
+        if observed or self._streams is False:
+            self._prefill_over(now)
         if not self._prefill_released:
             self._prefill_released = True
             if c.scheduler.on_first_token(self.request.id, now):
@@ -69,12 +74,14 @@ class Ticket:
         is already there when this prefill ends) instead of at a first token the gateway
         cannot see."""
         c = self._controller
+        self._streams = False
         c.release_prefill_later(self, c.early_release if c.early_release is not None else 1.0)
 
     def expect_stream(self) -> None:
         """The answer streams: its first token releases the prefill budget, or the
         controller's early release (a fraction of the estimated prefill time), whichever
         comes first, so the next prompt reaches the worker before this prefill ends."""
+        self._streams = True
         fraction = self._controller.early_release
         if fraction is not None:
             self._controller.release_prefill_later(self, fraction)
@@ -84,8 +91,12 @@ class Ticket:
         c = self._controller
         now = self._now()
         last = self._last_token
+        if output_tokens_so_far > 0:
+            self._prefill_over(now)
         if last is not None and output_tokens_so_far > last[1]:
-            c.observe_gap(self.worker, now - last[0], output_tokens_so_far - last[1])
+            c.observe_gap(
+                self.worker, now - last[0], output_tokens_so_far - last[1], self.interactive
+            )
         self._last_token = (now, output_tokens_so_far)
         c.scheduler.on_progress(self.request.id, output_tokens_so_far, now)
 
@@ -96,9 +107,17 @@ class Ticket:
         self._finished = True
         c = self._controller
         now = self._now()
+        self._prefill_over(now)
         c.scheduler.on_finish(self.request.id, prompt_tokens, output_tokens, now)
         c.drain.record(self.request.cls, now)
         c.pump()
+
+    def _prefill_over(self, now: float) -> None:
+        """The worker is done with this prompt's prefill (its first token streamed, the
+        estimate for an answer that does not stream, or the end), as pacing counts it."""
+        if self._prefill_running:
+            self._prefill_running = False
+            self._controller.prefill_ended(self.worker, now)
 
     def _now(self) -> float:
         return self._controller.clock()
@@ -139,6 +158,10 @@ class AdmissionController:
         self.pacing = pacing
         self.app_pacing_floor = app_pacing_floor  # None: no per-app pacing cap
         self._pacers: dict[str, WorkerPacer] = {}
+        # Prompts on each worker still in prefill as pacing counts them, and when one last
+        # ended: a token gap overlapping either is a prefill stall, not a decode step.
+        self._prefilling: dict[str, int] = {}
+        self._prefill_ended_at: dict[str, float] = {}
         # Per-app caps on queued requests, and a cap on the bytes queued bodies hold.
         self._app_caps = dict(app_queue_caps or {})
         self._max_queued_bytes = max_queued_bytes
@@ -242,7 +265,9 @@ class AdmissionController:
         admitted_at = self.clock()
         if self._on_admit is not None:
             self._on_admit(req, admitted_at - req.arrival)
-        return Ticket(req, worker, admitted_at, self, queued_behind=behind)
+        self._prefilling[worker] = self._prefilling.get(worker, 0) + 1
+        interactive = self.scheduler.is_interactive(req.cls)
+        return Ticket(req, worker, admitted_at, self, queued_behind=behind, interactive=interactive)
 
     def _shed(self, rejection: Rejection, now: float) -> RateLimited:
         if rejection.retry_after_s is not None:
@@ -347,43 +372,63 @@ class AdmissionController:
 
     # -------------------------------------------------------------------- pacing
 
-    def observe_gap(self, worker: str, seconds: float, tokens: int) -> None:
+    def prefill_ended(self, worker: str, now: float) -> None:
+        """One prompt on ``worker`` is out of prefill (``Ticket._prefill_over``)."""
+        left = self._prefilling.get(worker, 1) - 1
+        if left > 0:
+            self._prefilling[worker] = left
+        else:
+            self._prefilling.pop(worker, None)
+        self._prefill_ended_at[worker] = now
+
+    def observe_gap(
+        self, worker: str, seconds: float, tokens: int, interactive: bool = False
+    ) -> None:
         """``tokens`` tokens of a stream on ``worker`` came ``seconds`` after its last one."""
         if self.pacing is None:
             return
+        now = self.clock()
         pacer = self._pacers.get(worker)
         if pacer is None:
-            pacer = WorkerPacer(self.pacing, self.clock(), self.app_pacing_floor)
+            pacer = WorkerPacer(self.pacing, now, self.app_pacing_floor)
             self._pacers[worker] = pacer
-        pacer.observe(seconds, tokens)
+        prefill = (
+            worker in self._prefilling
+            or self._prefill_ended_at.get(worker, -math.inf) > now - seconds
+        )
+        pacer.observe(seconds, tokens, prefill, interactive)
 
     def pacing_state(self) -> dict[str, PacingState]:
-        """Per paced worker: its caps and the last interval's mean token gap."""
-        return {
-            name: PacingState(p.cap, p.app_cap, p.last_gap_s)
-            for name, p in sorted(self._pacers.items())
-        }
+        """Per paced worker: its caps, the last interval's mean token gap, its duty."""
+        return {name: p.state() for name, p in sorted(self._pacers.items())}
 
     def _pace(self, now: float) -> None:
         if not self._pacers:
             return
         usage = self.scheduler.worker_usage()
         for name, pacer in self._pacers.items():
+            rate = self.prefill_rates.rate(name)
             u = usage.get(name)
             if u is None:
-                pacer.update(now, 0, 0)
+                pacer.update(now, 0, 0, rate)
             else:
-                pacer.update(now, u.in_flight - u.interactive_in_flight, u.heaviest_app)
+                bg = u.in_flight - u.interactive_in_flight
+                pacer.update(now, bg, u.heaviest_app, rate)
 
-    def snapshots(self) -> list[WorkerSnapshot]:
+    def snapshots(self, now: float | None = None) -> list[WorkerSnapshot]:
         """The pool's worker snapshots with each paced worker's pacing caps."""
         snaps = list(self._snapshots())
         if not self._pacers:
             return snaps
+        now = self.clock() if now is None else now
         out = []
         for s in snaps:
             p = self._pacers.get(s.name)
-            out.append(s if p is None else replace(s, background_cap=p.cap, app_cap=p.app_cap))
+            if p is None:
+                out.append(s)
+                continue
+            is_open = p.prefill_open(now, self.prefill_rates.rate(s.name))
+            out.append(replace(s, background_cap=p.cap, app_cap=p.app_cap, prefill_open=is_open))
         return out
 
     # -------------------------------------------------------------------- pumping
@@ -391,11 +436,15 @@ class AdmissionController:
     def pump(self) -> None:
         """Admit whatever fits now and wake those waiters."""
         now = self.clock()
-        for cls in self.scheduler.classes:  # busy periods, for the drain rates
+        for cls in self.scheduler.class_names():  # busy periods, for the drain rates
             self.drain.busy(cls, now, self.scheduler.active(cls))
         if not self._waiters:
             return
-        for adm in self.scheduler.admit(now, self.snapshots()):
+        for adm in self.scheduler.admit(now, self.snapshots(now)):
+            pacer = self._pacers.get(adm.worker)
+            if pacer is not None and not self.scheduler.is_interactive(adm.request.cls):
+                rate = self.prefill_rates.rate(adm.worker)
+                pacer.charge_prefill(now, adm.request.prompt_tokens, rate)
             fut = self._waiters.get(adm.request.id)
             if fut is not None and not fut.done():
                 fut.set_result(adm.worker)

@@ -323,6 +323,8 @@ _JS = r"""
         bits.push("background cap " + w.pacing.background_cap);
         if (w.pacing.app_cap !== null && w.pacing.app_cap !== undefined)
           bits.push("per-app cap " + w.pacing.app_cap);
+        if (w.pacing.prefill_duty !== null && w.pacing.prefill_duty !== undefined)
+          bits.push("prefill duty " + pct(w.pacing.prefill_duty));
       }
       bits.push("served " + num(w.served));
       var info = el("span", "small", bits.join(" · "));

@@ -306,16 +306,24 @@ class SchedulerCollector(Collector):
         )
         gap = GaugeMetricFamily(
             "hearthgate_pacing_token_gap_seconds",
-            "Mean gap between streamed tokens on each worker in pacing's last interval",
+            "Mean gap between streamed tokens on each worker in pacing's last interval "
+            "(gaps no prefill overlapped, when prefill pacing is on)",
+            labels=["worker"],
+        )
+        duty = GaugeMetricFamily(
+            "hearthgate_pacing_prefill_duty",
+            "Share of each worker's measured prefill speed background prompts may use now",
             labels=["worker"],
         )
         for name, state in self._pacing().items():
             cap.add_metric([name], state.background_cap)
+            if state.prefill_duty is not None:
+                duty.add_metric([name], state.prefill_duty)
             if state.app_cap is not None:
                 app_cap.add_metric([name], state.app_cap)
             if state.token_gap_s is not None:
                 gap.add_metric([name], state.token_gap_s)
-        yield from (cap, app_cap, gap)
+        yield from (cap, app_cap, gap, duty)
 
 
 @dataclass(frozen=True)

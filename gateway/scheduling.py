@@ -72,8 +72,12 @@ def pacing_rule(settings: Settings) -> PacingRule | None:
     if gap_ms is None:
         return None
     p = settings.scheduler.pacing
+    prefill_ms = settings.prefill_gap_ms()
     return PacingRule(
-        target_gap_s=gap_ms / 1000, interval_s=p.interval_ms / 1000, max_cap=p.max_cap
+        target_gap_s=gap_ms / 1000,
+        interval_s=p.interval_ms / 1000,
+        max_cap=p.max_cap,
+        prefill_gap_s=None if prefill_ms is None else prefill_ms / 1000,
     )
 
 

@@ -381,6 +381,12 @@ class Pacing(_Strict):
     # 0.3 x 50 ms = 15 ms: at RAG 21 req/s 14 ms beat 20 ms (482 vs 371 tok/s, chat TPOT
     # 10 vs 15 ms) and matched 10 ms (pacing-tune.md, runs 2 and 3).
     target_fraction: float = Field(0.3, gt=0, le=1)
+    # Prefill pacing: background prompts may use a share of each worker's measured prefill
+    # speed (their duty), cut while the interactive streams' mean gap, prefill stalls
+    # included, is above prefill_fraction x the smallest interactive itl_ms; the decode
+    # cap then counts only gaps no prefill overlapped. null: off (the decode cap counts
+    # every gap, and prefill stalls cut it: RAG held to 1-2 in flight at light load).
+    prefill_fraction: float | None = Field(0.5, gt=0, le=1)
     interval_ms: float = Field(500.0, gt=0)  # how often a worker's cap moves
     # The cap at start and its ceiling: 32 long-prompt sequences in flight gave 427 tok/s
     # where 64 gave 259 (pacing-tune.md, run 3).
@@ -611,6 +617,15 @@ class Settings(BaseSettings):
             return p.target_gap_ms
         itls = [c.itl_ms for c in self.classes.values() if c.interactive and c.itl_ms]
         return p.target_fraction * min(itls) if itls else None
+
+    def prefill_gap_ms(self) -> float | None:
+        """The interactive token gap, prefill stalls included, that prefill pacing holds
+        (None: decode pacing or prefill pacing is off, or no interactive class has itl_ms)."""
+        p = self.scheduler.pacing
+        if p.prefill_fraction is None or self.pacing_gap_ms() is None:
+            return None
+        itls = [c.itl_ms for c in self.classes.values() if c.interactive and c.itl_ms]
+        return p.prefill_fraction * min(itls) if itls else None
 
     def choosable_classes(self, app: App) -> list[str]:
         """The classes ``app`` may pick with the X-Hearthgate-Class header."""

@@ -51,6 +51,9 @@ def render_status(
                 "background_cap": paced.background_cap,
                 "app_cap": paced.app_cap,
                 "token_gap_s": None if gap is None else round(gap, 4),
+                "prefill_duty": None
+                if paced.prefill_duty is None
+                else round(paced.prefill_duty, 2),
             }
     classes = scheduler.classes
     queues = {

@@ -134,7 +134,8 @@ def check(
 
     Background classes may not use the interactive reserve (slots or prefill tokens) and
     wait while the worker is saturated or has as many background sequences as its
-    decode-pacing cap (``WorkerSnapshot.background_cap``); an interactive request waits
+    decode-pacing cap (``WorkerSnapshot.background_cap``) or while its prefill duty is
+    used up (``prefill_open``); an interactive request waits
     while its app has as many interactive sequences there as the per-app pacing cap
     (``WorkerSnapshot.app_cap``; an app with none there is always let in). The prefill
     budget admits any request when nothing is in prefill (so a request larger than the
@@ -152,7 +153,9 @@ def check(
         return Verdict.SATURATED
     bg_cap = worker.background_cap
     background = usage.in_flight - usage.interactive_in_flight
-    if not interactive and bg_cap is not None and background >= bg_cap:
+    if not interactive and (
+        not worker.prefill_open or (bg_cap is not None and background >= bg_cap)
+    ):
         return Verdict.PACED
     if interactive and app is not None and app_paced(worker, usage, app, sequences):
         return Verdict.APP_PACED

@@ -124,8 +124,12 @@ class PrefillRates:
         old = self._rates.get(worker)
         self._rates[worker] = sample if old is None else old + self._alpha * (sample - old)
 
+    def rate(self, worker: str) -> float:
+        """The worker's prefill speed in tokens per second (``initial`` before any)."""
+        return self._rates.get(worker, self.initial)
+
     def seconds(self, worker: str, prompt_tokens: int) -> float:
-        return prompt_tokens / self._rates.get(worker, self.initial)
+        return prompt_tokens / self.rate(worker)
 
     def fastest_seconds(self, prompt_tokens: int) -> float:
         """The prefill time on the fastest worker measured so far (``initial`` rate before

@@ -19,7 +19,19 @@ multiplicative decrease):
   in flight at the cap): one more sequence;
 - no gap observed (nothing streamed): unchanged.
 
-The same gaps move a second cap, on the interactive sequences any one app may have on the
+Only gaps no prefill overlapped count here: a long prompt's prefill step stalls every stream
+for its whole length whatever the decode batch, so counting it cut the cap for something the
+cap does not cause, and at light load held RAG to one or two prompts at a time (background
+0.5-0.75x of vLLM alone: results/matrix-1round.md). Prefill stalls have their own lever:
+
+``PrefillPacer`` sets the share of the worker's measured prefill speed that background
+prompts may use (their *duty*), from the mean gap the *interactive* streams see, stalls
+included, against a looser target: cut to ``decrease`` times when above it, one ``step``
+more when well under it or when no interactive stream ran in the interval (nobody to
+protect: background gets the capacity back). Background prompts admitted run up a debt in
+prompt tokens that is paid back at duty x prefill rate; background waits while it is unpaid.
+
+The same gaps move a third cap, on the interactive sequences any one app may have on the
 worker (``WorkerPacer``): an app flooding an interactive class is held to it, so the queue
 forms in the gateway, where fair sharing lets the other apps' requests go first, instead of
 in vLLM's own first-come-first-served queue. It is cut only once the background work has
@@ -37,7 +49,9 @@ from dataclasses import dataclass, replace
 @dataclass(frozen=True, slots=True)
 class PacingRule:
     """``target_gap_s``: the mean gap between tokens to hold; ``interval_s``: how often the
-    cap moves; ``max_cap``: the cap at start and its ceiling."""
+    cap moves; ``max_cap``: the cap at start and its ceiling. ``prefill_gap_s``: the mean
+    gap interactive streams may see, prefill stalls included (None: no prefill pacing, and
+    the decode cap counts every gap as before)."""
 
     target_gap_s: float
     interval_s: float = 0.5
@@ -45,6 +59,7 @@ class PacingRule:
     headroom: float = 0.85
     min_cap: int = 1
     max_cap: int = 64
+    prefill_gap_s: float | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.target_gap_s) and self.target_gap_s > 0):
@@ -57,6 +72,9 @@ class PacingRule:
             raise ValueError("headroom must be in (0, 1]")
         if self.min_cap < 1 or self.max_cap < self.min_cap:
             raise ValueError("need 1 <= min_cap <= max_cap")
+        gap = self.prefill_gap_s
+        if gap is not None and not (math.isfinite(gap) and gap > 0):
+            raise ValueError("prefill_gap_s must be > 0")
 
 
 class DecodePacer:
@@ -101,26 +119,104 @@ class DecodePacer:
         return self.cap
 
 
+class PrefillPacer:
+    """The background prefill duty of one worker (see the module docstring)."""
+
+    def __init__(
+        self,
+        target_gap_s: float,
+        interval_s: float,
+        now: float,
+        decrease: float = 0.7,
+        headroom: float = 0.85,
+        step: float = 0.1,
+        min_duty: float = 0.1,
+    ) -> None:
+        self.target_gap_s = target_gap_s
+        self.interval_s = interval_s
+        self.decrease = decrease
+        self.headroom = headroom
+        self.step = step
+        self.min_duty = min_duty
+        self.duty = 1.0
+        self._since = now
+        self._time = 0.0
+        self._tokens = 0
+        self._debt = 0.0  # background prompt tokens admitted and not yet paid back
+        self._paid_at = now
+
+    def observe(self, seconds: float, tokens: int) -> None:
+        """An interactive stream's ``tokens`` came ``seconds`` after its previous token."""
+        if tokens > 0 and seconds >= 0 and math.isfinite(seconds):
+            self._time += seconds
+            self._tokens += tokens
+
+    def update(self, now: float, rate: float) -> float:
+        """Move the duty if an interval has passed (``rate``: the worker's prefill speed in
+        tokens per second, to pay the debt at the old duty up to now); the duty now."""
+        if now - self._since < self.interval_s:
+            return self.duty
+        self._pay(now, rate)
+        self._since = now
+        if self._tokens == 0:  # no interactive stream to protect
+            self.duty = min(1.0, self.duty + self.step)
+            return self.duty
+        gap = self._time / self._tokens
+        self._time, self._tokens = 0.0, 0
+        if gap > self.target_gap_s:
+            self.duty = max(self.min_duty, self.duty * self.decrease)
+        elif gap < self.headroom * self.target_gap_s:
+            self.duty = min(1.0, self.duty + self.step)
+        return self.duty
+
+    def charge(self, now: float, prompt_tokens: int, rate: float) -> None:
+        """A background prompt of ``prompt_tokens`` was admitted to the worker."""
+        if self.duty < 1.0:
+            self._pay(now, rate)
+            self._debt += prompt_tokens
+
+    def open(self, now: float, rate: float) -> bool:
+        """Whether background prompts may be admitted now (the debt is paid)."""
+        if self.duty >= 1.0:
+            return True
+        self._pay(now, rate)
+        return self._debt <= 0.0
+
+    def _pay(self, now: float, rate: float) -> None:
+        if self.duty >= 1.0:
+            self._debt = 0.0
+        elif self._debt > 0.0:
+            self._debt = max(0.0, self._debt - (now - self._paid_at) * self.duty * rate)
+        self._paid_at = now
+
+
 APP_DECREASE = 0.85  # the per-app cap's multiplicative cut (WorkerPacer)
 
 
 @dataclass(frozen=True, slots=True)
 class PacingState:
-    """One paced worker: its background cap, its per-app interactive cap (None: off) and
-    the mean token gap of the last interval (None before any)."""
+    """One paced worker: its background cap, its per-app interactive cap (None: off), the
+    mean token gap of the last interval with decode-only gaps (None before any) and the
+    background prefill duty (None: no prefill pacing)."""
 
     background_cap: int
     app_cap: int | None
     token_gap_s: float | None
+    prefill_duty: float | None = None
 
 
 class WorkerPacer:
-    """Both pacing caps of one worker, moved by the same token gaps: ``cap`` on background
-    sequences, and ``app_cap`` (None when per-app pacing is off) on the interactive
-    sequences of any one app, which is cut only while background is at its floor."""
+    """The pacing of one worker, moved by the token gaps it relays: ``cap`` on background
+    sequences (from gaps no prefill overlapped, when prefill pacing is on), the background
+    prefill ``duty`` (from interactive streams' gaps; None when off) and ``app_cap`` (None
+    when per-app pacing is off) on the interactive sequences of any one app, which is cut
+    only while background is at its floor."""
 
     def __init__(self, rule: PacingRule, now: float, app_min_cap: int | None = None) -> None:
         self._background = DecodePacer(rule, now)
+        self._prefill: PrefillPacer | None = None
+        if rule.prefill_gap_s is not None:
+            self._prefill = PrefillPacer(rule.prefill_gap_s, rule.interval_s, now)
         self._apps: DecodePacer | None = None
         if app_min_cap is not None:
             floor = min(app_min_cap, rule.max_cap)
@@ -146,15 +242,43 @@ class WorkerPacer:
     def last_gap_s(self) -> float | None:
         return self._background.last_gap_s
 
-    def observe(self, seconds: float, tokens: int) -> None:
-        self._background.observe(seconds, tokens)
+    @property
+    def duty(self) -> float | None:
+        return None if self._prefill is None else self._prefill.duty
+
+    def state(self) -> PacingState:
+        return PacingState(self.cap, self.app_cap, self.last_gap_s, self.duty)
+
+    def observe(
+        self, seconds: float, tokens: int, prefill: bool = False, interactive: bool = False
+    ) -> None:
+        """A stream's ``tokens`` came ``seconds`` after its previous token; ``prefill``:
+        some prompt was in prefill on the worker during that time; ``interactive``: the
+        stream is of an interactive class."""
+        if self._prefill is None or not prefill:
+            self._background.observe(seconds, tokens)
+        if self._prefill is not None and interactive:
+            self._prefill.observe(seconds, tokens)
         if self._apps is not None:
             self._apps.observe(seconds, tokens)
 
-    def update(self, now: float, background_in_flight: int, heaviest_app: int) -> None:
+    def prefill_open(self, now: float, rate: float) -> bool:
+        """Whether background prompts may start on the worker now (prefill duty)."""
+        return self._prefill is None or self._prefill.open(now, rate)
+
+    def charge_prefill(self, now: float, prompt_tokens: int, rate: float) -> None:
+        """A background prompt was admitted to the worker."""
+        if self._prefill is not None:
+            self._prefill.charge(now, prompt_tokens, rate)
+
+    def update(
+        self, now: float, background_in_flight: int, heaviest_app: int, rate: float = 0.0
+    ) -> None:
         """Move the caps if an interval has passed. ``heaviest_app``: the most interactive
-        sequences one app has on the worker."""
+        sequences one app has on the worker; ``rate``: its prefill speed (tokens/s)."""
         self._background.update(now, background_in_flight)
+        if self._prefill is not None:
+            self._prefill.update(now, rate)
         if self._apps is not None:
             floor = self._background.rule.min_cap
             self._apps.update(now, heaviest_app, may_cut=background_in_flight <= floor)

@@ -438,6 +438,15 @@ class Scheduler:
         q = self._queues.get(cls)
         return (q is not None and len(q) > 0) or cls in self._running_by_class
 
+    def class_names(self) -> Iterable[str]:
+        """The configured classes' names (a view, nothing copied)."""
+        return self._queues.keys()
+
+    def is_interactive(self, name: str) -> bool:
+        """Whether the class is interactive (False for a class no longer configured)."""
+        q = self._queues.get(name)
+        return q is not None and q.policy.interactive
+
     def has_class(self, name: str) -> bool:
         """Whether ``name`` is a configured class (``enqueue`` refuses others)."""
         return name in self._queues

@@ -220,6 +220,9 @@ class WorkerSnapshot:
     # Interactive sequences one app may have on the worker now (policies.pacing, the
     # per-app cap); None: no such cap.
     app_cap: int | None = None
+    # False while the worker's background prefill duty is used up (policies.pacing):
+    # background prompts wait, interactive ones do not.
+    prefill_open: bool = True
 
     def __post_init__(self) -> None:
         _require(bool(self.name), "worker name must not be empty")
