@@ -171,8 +171,21 @@ def judge(
         checks: list[dict[str, Any]] = []
         check = _recorder(checks)
 
-        att = got["interactive_attainment"]
-        check("interactive attainment", att, ATTAINMENT, None if att is None else att >= ATTAINMENT)
+        if point.light_app is None:
+            att = got["interactive_attainment"]
+            check(
+                "interactive attainment",
+                att,
+                ATTAINMENT,
+                None if att is None else att >= ATTAINMENT,
+            )
+        else:
+            # The flooding app asks for more than any box serves (that is the scenario):
+            # "interactive work within its targets" is the light app's.
+            light_now = _light(got, point.light_app)
+            att = None if light_now is None else light_now.get("attainment")
+            name = f"{point.light_app} attainment"
+            check(name, att, ATTAINMENT, None if att is None else att >= ATTAINMENT)
         if background:
             bg = got["background_output_tokens_per_s"] or 0.0
             holding = [

@@ -180,7 +180,7 @@ class PrefillPacer:
         if self.duty >= 1.0:
             return True
         self._pay(now, rate)
-        return self._debt <= 0.0
+        return self._debt < 1.0  # under one token: paid (rounding aside)
 
     def _pay(self, now: float, rate: float) -> None:
         if self.duty >= 1.0:

@@ -361,3 +361,63 @@ async def test_late_shedding_measures_the_drain_rate_over_busy_time() -> None:
         running.finish(10, 5)
         running = await asyncio.wait_for(task, 1)
     running.finish(10, 5)
+
+
+async def test_prefill_stalls_cut_the_prefill_duty_and_decode_gaps_the_cap() -> None:
+    """A chat stream's slow gaps while a RAG prompt is in prefill cut the worker's prefill
+    duty, not its decode cap; a closed duty holds the next RAG prompt while chat passes;
+    slow gaps after every prefill ended cut the decode cap."""
+    from hearthgate.policies.pacing import PacingRule
+
+    clock = Clock()
+    sched = Scheduler(
+        [ClassPolicy("chat", 1, interactive=True), ClassPolicy("rag", 2, interactive=False)]
+    )
+    snaps = [WorkerSnapshot("w0")]
+    rule = PacingRule(target_gap_s=0.015, interval_s=0.5, max_cap=8, prefill_gap_s=0.025)
+    ctl = AdmissionController(sched, lambda: snaps, clock=clock, pacing=rule)
+    rag = [
+        await ctl.admit(QueuedRequest(f"b{i}", "rag", "notes", clock(), 2, 2000, 50))
+        for i in range(3)
+    ]
+    for t in rag:
+        t.expect_stream()
+    chat = await ctl.admit(QueuedRequest("c0", "chat", "chatui", clock(), 1, 10, 50))
+    chat.expect_stream()
+    for n in range(1, 6):  # 200 ms gaps: RAG prompts are in prefill
+        chat.progress(n)
+        clock.t += 0.2
+    ctl.tick()
+    state = ctl.pacing_state()["w0"]
+    assert state.background_cap == 8  # not the decode batch's doing
+    assert state.prefill_duty == pytest.approx(0.7)
+    assert state.token_gap_s is None
+    assert [s.prefill_open for s in ctl.snapshots()] == [True]  # nothing charged yet
+    first = await ctl.admit(QueuedRequest("b3", "rag", "notes", clock(), 2, 2000, 50))
+    assert [s.prefill_open for s in ctl.snapshots()] == [False]  # 2000 tokens owed
+    waiter = asyncio.create_task(
+        ctl.admit(QueuedRequest("b4", "rag", "notes", clock(), 2, 2000, 50))
+    )
+    await queued(ctl, waiter)
+    passing = await ctl.admit(QueuedRequest("c1", "chat", "chatui", clock(), 1, 10, 50))
+    assert passing.worker == "w0"  # interactive is never held by the duty
+    for t in [*rag, first, passing]:
+        t.progress(1)  # every prompt's first token: prefill over
+    clock.t += 0.01
+    for n in range(6, 11):  # 30 ms decode gaps, no prefill in them
+        chat.progress(n)
+        clock.t += 0.03
+    clock.t += 0.5
+    ctl.tick()
+    state = ctl.pacing_state()["w0"]
+    assert state.background_cap == 2  # floor(4 background x 0.7)
+    assert state.token_gap_s == pytest.approx(0.03)
+    for t in [*rag, first]:
+        t.finish(2000, 50)
+    await asyncio.sleep(0)
+    assert not waiter.done()  # a slot is free, but 2000 tokens at 0.7-0.49 x 4000 tok/s
+    clock.t += 0.5  # ...are paid within 1.2 s of the charge
+    ctl.tick()
+    (await asyncio.wait_for(waiter, 1.0)).finish(2000, 50)
+    chat.finish(10, 50)
+    passing.finish(10, 50)

@@ -137,19 +137,24 @@ def test_noisy_neighbour_checks_the_light_tail_and_the_heavy_share() -> None:
             0.8, 0.0, chatui={"ttft_p99_s": 0.7}, scraper={"output_tokens_per_s": 2000.0}
         ),
         "gateway": stats(
-            1.0, 0.0, chatui={"ttft_p99_s": 0.230}, scraper={"output_tokens_per_s": 1500.0}
+            0.2,  # the scraper's own flood is over capacity: not what is judged
+            0.0,
+            chatui={"ttft_p99_s": 0.230, "attainment": 1.0},
+            scraper={"output_tokens_per_s": 1500.0, "attainment": 0.1},
         ),
     }
     got = by_check(judge(point, cells, TARGETS, sc, solo)["gateway"])
     assert got == {
-        "interactive attainment": True,
+        "chatui attainment": True,
         "chatui TTFT p99 vs solo": True,  # 230 <= 1.2 x 200
         "scraper tok/s vs vLLM alone": True,  # 1500 >= 0.7 x 2000
     }
     cells["gateway"]["flows"]["chat/chatui"]["ttft_p99_s"] = 0.250
     cells["gateway"]["flows"]["chat/scraper"]["output_tokens_per_s"] = 1300.0
+    cells["gateway"]["flows"]["chat/chatui"]["attainment"] = 0.98
     got = by_check(judge(point, cells, TARGETS, sc, solo)["gateway"])
     assert got["chatui TTFT p99 vs solo"] is False and got["scraper tok/s vs vLLM alone"] is False
+    assert got["chatui attainment"] is False
     # without its solo run the tail cannot be judged: said so, not passed
     got = by_check(judge(point, cells, TARGETS, sc, None)["gateway"])
     assert got["chatui TTFT p99 vs solo"] is None

@@ -22,7 +22,15 @@ def test_defaults_pace_background_and_apps() -> None:
     rule = pacing_rule(s)
     assert rule is not None
     assert rule.target_gap_s == pytest.approx(0.015)  # 0.3 x the chat class's 50 ms itl
+    assert rule.prefill_gap_s == pytest.approx(0.025)  # 0.5 x 50 ms
     assert app_pacing_floor(s) == 4
+
+
+def test_prefill_pacing_off_keeps_decode_pacing() -> None:
+    rule = pacing_rule(settings(prefill_fraction=None))
+    assert rule is not None and rule.prefill_gap_s is None
+    with pytest.raises(Exception, match="prefill_fraction"):
+        settings(prefill_fraction=0)
 
 
 def test_per_app_off_keeps_background_pacing() -> None:
@@ -34,6 +42,7 @@ def test_per_app_off_keeps_background_pacing() -> None:
 def test_pacing_off_turns_off_both() -> None:
     s = settings(enabled=False, app_min_cap=2)
     assert pacing_rule(s) is None
+    assert s.prefill_gap_ms() is None
     assert app_pacing_floor(s) is None
 
 

@@ -1,0 +1,109 @@
+"""Prefill pacing: the background prefill duty of a worker, on plain values; how the
+worker's pacer splits the gaps it is fed; the budget verdict the duty drives."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from hearthgate.policies import Scheduler
+from hearthgate.policies.budgets import Verdict, WorkerLoad, check
+from hearthgate.policies.pacing import PacingRule, PrefillPacer, WorkerPacer
+from tests.unit.test_policies_support import CLASSES, req, worker
+
+
+def slow(p: PrefillPacer | WorkerPacer, gap_s: float, n: int = 10, **kw: bool) -> None:
+    for _ in range(n):
+        p.observe(gap_s, 1, **kw)
+
+
+def test_duty_starts_full_and_the_worker_is_always_open() -> None:
+    p = PrefillPacer(target_gap_s=0.025, interval_s=0.5, now=0.0)
+    assert p.duty == 1.0
+    p.charge(0.0, 100_000, rate=1000.0)  # no debt at full duty
+    assert p.open(0.0, rate=1000.0)
+
+
+def test_slow_interactive_gaps_cut_the_duty_to_its_floor_once_per_interval() -> None:
+    p = PrefillPacer(target_gap_s=0.025, interval_s=0.5, now=0.0)
+    slow(p, 0.2)
+    assert p.update(0.3, rate=1000.0) == 1.0  # interval not over
+    assert p.update(0.5, rate=1000.0) == pytest.approx(0.7)
+    for t in range(2, 12):
+        slow(p, 0.2)
+        p.update(t * 0.5, rate=1000.0)
+    assert p.duty == pytest.approx(0.1)  # never below the floor
+
+
+def test_fast_gaps_or_no_interactive_stream_give_the_duty_back_step_by_step() -> None:
+    p = PrefillPacer(target_gap_s=0.025, interval_s=0.5, now=0.0)
+    slow(p, 0.2)
+    p.update(0.5, rate=1000.0)
+    slow(p, 0.2)
+    p.update(1.0, rate=1000.0)
+    assert p.duty == pytest.approx(0.49)
+    slow(p, 0.023)  # under the target but not well under (0.85 x 25 ms): stays
+    assert p.update(1.5, rate=1000.0) == pytest.approx(0.49)
+    slow(p, 0.010)
+    assert p.update(2.0, rate=1000.0) == pytest.approx(0.59)
+    assert p.update(2.5, rate=1000.0) == pytest.approx(0.69)  # nothing interactive streamed
+    for t in range(6, 12):
+        p.update(t * 0.5, rate=1000.0)
+    assert p.duty == 1.0
+
+
+def test_background_prompts_run_up_a_debt_paid_at_duty_times_the_prefill_rate() -> None:
+    p = PrefillPacer(target_gap_s=0.025, interval_s=0.5, now=0.0)
+    slow(p, 0.2)
+    p.update(0.5, rate=1000.0)  # duty 0.7
+    assert p.open(0.5, rate=1000.0)
+    p.charge(0.5, 1400, rate=1000.0)
+    p.charge(0.5, 700, rate=1000.0)  # both admitted at once: the debt adds up
+    assert not p.open(1.5, rate=1000.0)  # 2100 - 700 paid
+    assert not p.open(3.4, rate=1000.0)
+    assert p.open(3.5, rate=1000.0)  # 2100 tokens at 700 tok/s: 3 s after the charge
+
+
+def test_with_prefill_pacing_prefill_stalls_move_the_duty_not_the_decode_cap() -> None:
+    rule = PacingRule(target_gap_s=0.015, interval_s=0.5, max_cap=16, prefill_gap_s=0.025)
+    p = WorkerPacer(rule, 0.0)
+    slow(p, 0.2, prefill=True, interactive=True)  # a chat stream stalled by a long prefill
+    slow(p, 0.2, prefill=True, interactive=False)  # the RAG streams see the same stall
+    p.update(0.5, background_in_flight=12, heaviest_app=2, rate=1000.0)
+    assert p.cap == 16  # the decode batch did not cause it
+    assert p.duty == pytest.approx(0.7)
+    assert p.last_gap_s is None  # no decode-only gap yet
+    slow(p, 0.03, prefill=False, interactive=False)  # a slow decode step, no prefill
+    p.update(1.0, background_in_flight=12, heaviest_app=2, rate=1000.0)
+    assert p.cap == 8  # floor(12 x 0.7)
+    assert p.last_gap_s == pytest.approx(0.03)
+    assert p.duty == pytest.approx(0.8)  # no interactive stream in that interval
+    assert p.state().prefill_duty == pytest.approx(0.8)
+
+
+def test_without_prefill_pacing_every_gap_moves_the_decode_cap_as_before() -> None:
+    rule = PacingRule(target_gap_s=0.015, interval_s=0.5, max_cap=16)
+    p = WorkerPacer(rule, 0.0)
+    slow(p, 0.2, prefill=True, interactive=True)
+    p.update(0.5, background_in_flight=12, heaviest_app=2, rate=1000.0)
+    assert p.cap == 8
+    assert p.duty is None and p.state().prefill_duty is None
+    assert p.prefill_open(0.5, 1000.0)
+
+
+def test_rule_rejects_a_non_positive_prefill_gap() -> None:
+    with pytest.raises(ValueError):
+        PacingRule(target_gap_s=0.015, prefill_gap_s=0.0)
+
+
+def test_a_closed_prefill_duty_holds_background_only() -> None:
+    load = WorkerLoad("w0")
+    w = replace(worker(), prefill_open=False)
+    assert check(w, load.usage(), "rag", False, 1800) is Verdict.PACED
+    assert check(w, load.usage(), "chat", True, 40) is Verdict.FITS
+    sched = Scheduler(CLASSES)
+    sched.enqueue(req("r0", "rag", arrival=0), 0.0)
+    sched.enqueue(req("c0", "chat", arrival=1), 0.0)
+    assert [a.request.id for a in sched.admit(1.0, [w])] == ["c0"]
+    assert [a.request.id for a in sched.admit(1.0, [worker()])] == ["r0"]
