@@ -268,10 +268,12 @@ def _size(lines: list[str]) -> int:
 
 
 def missing_line(bid: str, custom_id: str, code: str) -> str:
-    """The error-file line of a request that never ran (expired or cancelled)."""
+    """The error-file line of a request that never ran (expired, cancelled, or its input
+    line was no longer stored)."""
     message = {
         "batch_expired": "This request could not be executed before the completion window expired.",
         "batch_cancelled": "This request was not executed because the batch was cancelled.",
+        "input_missing": "This request was not executed: its input line is no longer stored.",
     }[code]
     digest = hashlib.sha256(f"{bid}/{custom_id}".encode()).hexdigest()[:24]
     return json.dumps(
