@@ -16,9 +16,10 @@ from starlette.datastructures import UploadFile
 from starlette.responses import JSONResponse, Response
 from starlette.types import Message
 
+from hearthgate.gateway.batches.files import file_object
 from hearthgate.gateway.batches.lines import BATCH_ENDPOINTS, check_batch, split_lines
 from hearthgate.gateway.batches.service import NOT_CONFIGURED, BatchService
-from hearthgate.gateway.batches.store import ACTIVE_STATUSES, batch_object, file_object
+from hearthgate.gateway.batches.store import ACTIVE_STATUSES, batch_object
 from hearthgate.gateway.classify import ANONYMOUS
 from hearthgate.gateway.errors import BadRequest, GatewayError, NotFound, NoWorkerAvailable
 from hearthgate.gateway.parse import decode_json, read_body
@@ -100,8 +101,8 @@ def build_router(
             raise BadRequest("missing form field 'file' (a JSONL file)")
         content = await upload.read()
         lines, trailing = split_lines(content, cfg.max_file_bytes, cfg.max_lines)
-        async with svc.guard() as store:
-            obj = await store.add_file(
+        async with svc.guard():
+            obj = await svc.files.add_file(
                 owner,
                 upload.filename or "upload.jsonl",
                 purpose,
@@ -120,15 +121,15 @@ def build_router(
         if order not in ("asc", "desc"):
             raise BadRequest("'order' must be 'asc' or 'desc'")
         limit = _page_limit(q.get("limit"), 10_000, 10_000)
-        async with svc.guard() as store:
-            data, more = await store.list_files(
+        async with svc.guard():
+            data, more = await svc.files.list_files(
                 owner, q.get("purpose"), limit, q.get("after"), order == "desc"
             )
         return _list(data, more)
 
     async def _file(svc: BatchService, owner: str, fid: str) -> dict[str, str]:
-        async with svc.guard() as store:
-            rec = await store.file_record(owner, fid)
+        async with svc.guard():
+            rec = await svc.files.file_record(owner, fid)
         if rec is None:
             raise NotFound(f"No such File object: {fid}", code="file_not_found")
         return rec
@@ -142,20 +143,20 @@ def build_router(
     async def file_content(fid: str, request: Request) -> Response:
         svc, owner = ready(request)
         rec = await _file(svc, owner, fid)
-        async with svc.guard() as store:
-            content = await store.file_content(rec)
+        async with svc.guard():
+            content = await svc.files.file_content(rec)
         return Response(content, media_type="application/octet-stream")
 
     @router.delete("/v1/files/{fid}")
     async def delete_file(fid: str, request: Request) -> JSONResponse:
         svc, owner = ready(request)
         await _file(svc, owner, fid)
-        async with svc.guard() as store:
+        async with svc.guard():
             # Every running batch is in the active set. (The file's ``in_use_by`` names only
             # the latest batch on it, and the first of two batches on one file to end clears
             # it while the other still reads its lines.)
-            for bid in await store.active():
-                b = await store.batch_record(bid)
+            for bid in await svc.store.active():
+                b = await svc.store.batch_record(bid)
                 if (
                     b is not None
                     and b.get("input_file_id") == fid
@@ -164,7 +165,7 @@ def build_router(
                     raise Conflict(
                         f"file {fid} is the input of batch {bid}, which is still running"
                     )
-            await store.delete_file(owner, fid)
+            await svc.files.delete_file(owner, fid)
         return JSONResponse({"id": fid, "object": "file", "deleted": True})
 
     # ------------------------------------------------------------ batches
@@ -198,9 +199,9 @@ def build_router(
         rec = await _file(svc, owner, fid)
         if rec.get("purpose") != "batch":
             raise BadRequest(f'file {fid} has purpose {rec.get("purpose")!r}, not "batch"')
-        async with svc.guard() as store:
+        async with svc.guard():
             n = int(rec["lines"])
-            lines = [v or "" for v in await store.read_lines(fid, 0, n)]
+            lines = [v or "" for v in await svc.files.read_lines(fid, 0, n)]
         checked = check_batch(
             lines,
             endpoint,
@@ -210,8 +211,8 @@ def build_router(
             lim.max_n,
             lim.max_embedding_inputs,
         )
-        async with svc.guard() as store:
-            obj = await store.create_batch(
+        async with svc.guard():
+            obj = await svc.store.create_batch(
                 owner,
                 rec,
                 endpoint,
@@ -225,8 +226,8 @@ def build_router(
         return JSONResponse(obj)
 
     async def _batch(svc: BatchService, owner: str, bid: str) -> dict[str, str]:
-        async with svc.guard() as store:
-            rec = await store.batch_record(bid, owner)
+        async with svc.guard():
+            rec = await svc.store.batch_record(bid, owner)
         if rec is None:
             raise NotFound(f"No such Batch object: {bid}", code="batch_not_found")
         return rec
@@ -236,8 +237,8 @@ def build_router(
         svc, owner = ready(request)
         q = request.query_params
         limit = _page_limit(q.get("limit"), 20, 100)
-        async with svc.guard() as store:
-            data, more = await store.list_batches(owner, limit, q.get("after"))
+        async with svc.guard():
+            data, more = await svc.store.list_batches(owner, limit, q.get("after"))
         return _list(data, more)
 
     @router.get("/v1/batches/{bid}")
@@ -252,8 +253,8 @@ def build_router(
         status = rec["status"]
         if status in ("validating", "in_progress"):
             now = _now()
-            async with svc.guard() as store:
-                await store.set_fields(
+            async with svc.guard():
+                await svc.store.set_fields(
                     bid, status="cancelling", cancelling_at=now, ending="cancelled"
                 )
             rec = {**rec, "status": "cancelling", "cancelling_at": str(now)}

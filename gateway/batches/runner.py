@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError
 
+from hearthgate.gateway.batches.files import FileStore
 from hearthgate.gateway.batches.store import ACTIVE_STATUSES, BatchStore, Claimed, missing_line
 from hearthgate.gateway.inprocess import Answer, OnBehalf
 from hearthgate.gateway.settings import Settings
@@ -95,11 +96,13 @@ class BatchRunner:
         self,
         gateway: Gateway,
         store: BatchStore,
+        files: FileStore,
         settings: Settings,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.gw = gateway
         self.store = store
+        self.files = files
         self.settings = settings
         self.cfg = settings.batch
         self.cls = settings.batch_class()
@@ -183,7 +186,7 @@ class BatchRunner:
         for bid in active:
             rec = await self.store.batch_record(bid)
             if rec is None or rec.get("status") not in ACTIVE_STATUSES:
-                await self.store.r.srem(self.store.k_active, bid)
+                await self.store.r.srem(self.store.keys.active, bid)
                 self._forget(bid)
                 continue
             await self._advance(self._track(rec, now), rec, now)
@@ -310,7 +313,7 @@ class BatchRunner:
         try:
             indices = [c.index for c in claims]
             ids = await self.store.custom_ids(b.id, indices)
-            bodies = await self.store.read_some(b.input_file_id, indices)
+            bodies = await self.files.read_some(b.input_file_id, indices)
         except (RedisError, OSError):
             for c in claims:  # still claimed in Redis: taken again after a restart or claim
                 self.lines.pop((c.batch_id, c.entry_id), None)
@@ -339,7 +342,7 @@ class BatchRunner:
                     return
                 # cancelled or expired meanwhile: acknowledged, never recorded
                 with contextlib.suppress(RedisError, OSError):
-                    await self.store.r.xack(self.store.k_queue(b.id), "run", line.claim.entry_id)
+                    await self.store.r.xack(self.store.keys.queue(b.id), "run", line.claim.entry_id)
                 return
             ok = 200 <= answer.status < 300
             out = output_line(line.custom_id, answer)

@@ -1,5 +1,5 @@
-"""The Batch API's running parts: the Redis client, the store, the runner, the fair-share
-snapshots and the metrics; built only when ``redis.url`` is set."""
+"""The Batch API's running parts: the Redis client, the file and batch stores, the runner,
+the fair-share snapshots and the metrics; built only when ``redis.url`` is set."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from prometheus_client.registry import Collector
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import RedisError
 
+from hearthgate.gateway.batches.files import FileStore
+from hearthgate.gateway.batches.keys import Keys
 from hearthgate.gateway.batches.runner import BatchRunner
 from hearthgate.gateway.batches.store import BatchStore
 from hearthgate.gateway.classify import ANONYMOUS
@@ -52,8 +54,11 @@ class BatchService:
             socket_connect_timeout=cfg.timeout_s,
         )
         self.redis = Redis(connection_pool=pool)
-        self.store = BatchStore(self.redis, cfg.key_prefix, settings.batch.retention_hours * 3600)
-        self.runner = BatchRunner(gateway, self.store, settings)
+        keys = Keys(cfg.key_prefix)
+        retention_s = settings.batch.retention_hours * 3600
+        self.files = FileStore(self.redis, keys, retention_s)
+        self.store = BatchStore(self.redis, keys, self.files, retention_s)
+        self.runner = BatchRunner(gateway, self.store, self.files, settings)
         self._fair_task: asyncio.Task[None] | None = None
         self._saved_tokens: dict[str, tuple[int, int]] = {}
         self.lifetime_tokens: dict[str, dict[str, int]] = {}
@@ -134,10 +139,10 @@ class BatchService:
     # ------------------------------------------------------------ for the endpoints
 
     @contextlib.asynccontextmanager
-    async def guard(self) -> AsyncIterator[BatchStore]:
-        """The store, with Redis failures turned into 503 + Retry-After."""
+    async def guard(self) -> AsyncIterator[None]:
+        """Around calls to ``files`` and ``store``: Redis failures become 503 + Retry-After."""
         try:
-            yield self.store
+            yield
         except (RedisError, OSError) as exc:
             raise NoWorkerAvailable(
                 f"the batch store (Redis) is unreachable ({type(exc).__name__}); batches "

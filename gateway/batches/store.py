@@ -1,41 +1,28 @@
-"""Files, batches, their lines and results in Redis, under one key prefix.
-
-Keys (``P`` is ``redis.key_prefix``)::
-
-    P file:{id}            hash   the file's record (owner, filename, purpose, bytes, ...)
-    P file:{id}:lines      hash   line number -> line text (files are read back in order)
-    P files:{owner}        zset   the owner's files by creation time
-    P batch:{id}           hash   the batch's record: status, times, counts, file ids
-    P batch:{id}:ids       list   the input's custom_ids, in file order
-    P batch:{id}:queue     stream one entry per line not yet done; consumer group "run"
-    P batch:{id}:results   hash   custom_id -> "+" or "-" and the output line (written once)
-    P batches:{owner}      zset   the owner's batches by creation time
-    P batches:active       set    batches a runner still has work on
+"""The batch store: batches, the queue of their lines, and the lines' results in Redis
+(keys in ``keys.py``; the input, output and error files are the file store's, ``files.py``).
 
 The queue is the at-least-once part: a runner reads entries with XREADGROUP under its own
 consumer name, renews its claims while the lines run, and acknowledges and deletes an entry
 in the same script that writes the line's result. Entries of a runner that stopped renewing
 (killed, cut off) are taken over with XAUTOCLAIM. A result is written with HSETNX, so a line
 that ran twice across a crash appears once; the counts move only when it was new.
-
-Files live in Redis, not on a local disk: every gateway replica sees them, and Redis's
-append-only file keeps them across restarts (``batch.max_file_bytes`` bounds one file).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
 
+from hearthgate.gateway.batches.files import FileStore
+from hearthgate.gateway.batches.keys import CHUNK, Keys, int_or_none, new_id, page
+
 GROUP = "run"
 ACTIVE_STATUSES = ("validating", "in_progress", "finalizing", "cancelling")
-_CHUNK = 1000
 
 # Write a line's result once, count it once, and acknowledge its queue entry (always).
 _RECORD = """
@@ -51,14 +38,6 @@ return new
 """
 
 
-def new_id(prefix: str) -> str:
-    return prefix + secrets.token_hex(12)
-
-
-def _int(v: Any) -> int | None:
-    return None if v is None or v == "" else int(v)
-
-
 @dataclass(frozen=True)
 class Claimed:
     """A queue entry this runner holds: the line at ``index`` of its batch."""
@@ -69,138 +48,19 @@ class Claimed:
 
 
 class BatchStore:
-    """All Redis access of the Batch and Files API. Every method may raise redis's
+    """The Redis access of the Batches API and the runners. Every method may raise redis's
     ``RedisError`` (Redis down or slow): callers map it to 503 or pause."""
 
-    def __init__(self, redis: Redis, prefix: str, retention_s: float) -> None:
+    def __init__(self, redis: Redis, keys: Keys, files: FileStore, retention_s: float) -> None:
         # redis-py's annotations do not follow decode_responses=True: typed loosely here.
         self.r: Any = redis
-        self.p = prefix
+        self.keys = keys
+        self.files = files  # writes the output and error files, holds the input
         self.retention_s = max(1, int(retention_s))
         self._record = redis.register_script(_RECORD)
 
-    # ------------------------------------------------------------ keys
-
-    def k_file(self, fid: str) -> str:
-        return f"{self.p}file:{fid}"
-
-    def k_lines(self, fid: str) -> str:
-        return f"{self.p}file:{fid}:lines"
-
-    def k_files(self, owner: str) -> str:
-        return f"{self.p}files:{owner}"
-
-    def k_batch(self, bid: str) -> str:
-        return f"{self.p}batch:{bid}"
-
-    def k_ids(self, bid: str) -> str:
-        return f"{self.p}batch:{bid}:ids"
-
-    def k_queue(self, bid: str) -> str:
-        return f"{self.p}batch:{bid}:queue"
-
-    def k_results(self, bid: str) -> str:
-        return f"{self.p}batch:{bid}:results"
-
-    def k_batches(self, owner: str) -> str:
-        return f"{self.p}batches:{owner}"
-
-    @property
-    def k_active(self) -> str:
-        return f"{self.p}batches:active"
-
     async def ping(self) -> bool:
         return bool(await self.r.ping())
-
-    # ------------------------------------------------------------ files
-
-    async def add_file(
-        self,
-        owner: str,
-        filename: str,
-        purpose: str,
-        lines: list[str],
-        trailing_newline: bool,
-        nbytes: int,
-        now: int,
-        fid: str | None = None,
-    ) -> dict[str, Any]:
-        """Store a file (its lines in order) and return its OpenAI file object."""
-        fid = fid or new_id("file-")
-        record = {
-            "id": fid,
-            "owner": owner,
-            "filename": filename,
-            "purpose": purpose,
-            "bytes": nbytes,
-            "created_at": now,
-            "expires_at": now + self.retention_s,
-            "lines": len(lines),
-            "trailing_newline": int(trailing_newline),
-        }
-        async with self.r.pipeline(transaction=True) as pipe:
-            pipe.delete(self.k_lines(fid))
-            for start in range(0, len(lines), _CHUNK):
-                chunk = lines[start : start + _CHUNK]
-                pipe.hset(
-                    self.k_lines(fid), mapping={str(start + i): v for i, v in enumerate(chunk)}
-                )
-            pipe.hset(self.k_file(fid), mapping=record)
-            pipe.zadd(self.k_files(owner), {fid: now})
-            pipe.expire(self.k_file(fid), self.retention_s)
-            pipe.expire(self.k_lines(fid), self.retention_s)
-            await pipe.execute()
-        return file_object(record)
-
-    async def file_record(self, owner: str, fid: str) -> dict[str, str] | None:
-        rec: dict[str, str] = await self.r.hgetall(self.k_file(fid))
-        if not rec or rec.get("owner") != owner:
-            return None
-        return rec
-
-    async def list_files(
-        self, owner: str, purpose: str | None, limit: int, after: str | None, desc: bool
-    ) -> tuple[list[dict[str, Any]], bool]:
-        ids = await self._page(self.k_files(owner), after, desc)
-        out: list[dict[str, Any]] = []
-        for fid in ids:
-            rec = await self.file_record(owner, fid)
-            if rec is None:
-                await self.r.zrem(self.k_files(owner), fid)  # expired or deleted
-                continue
-            if purpose is not None and rec.get("purpose") != purpose:
-                continue
-            if len(out) == limit:
-                return out, True
-            out.append(file_object(rec))
-        return out, False
-
-    async def read_lines(self, fid: str, start: int, count: int) -> list[str | None]:
-        fields = [str(i) for i in range(start, start + count)]
-        got: list[str | None] = await self.r.hmget(self.k_lines(fid), fields)
-        return got
-
-    async def read_some(self, fid: str, indices: list[int]) -> list[str | None]:
-        """The lines at ``indices`` (one round trip)."""
-        if not indices:
-            return []
-        got: list[str | None] = await self.r.hmget(self.k_lines(fid), [str(i) for i in indices])
-        return got
-
-    async def file_content(self, rec: dict[str, str]) -> bytes:
-        n = int(rec["lines"])
-        parts: list[str] = []
-        for start in range(0, n, _CHUNK):
-            got = await self.read_lines(rec["id"], start, min(_CHUNK, n - start))
-            parts.extend(v or "" for v in got)
-        text = "\n".join(parts) + ("\n" if rec.get("trailing_newline") == "1" else "")
-        return text.encode()
-
-    async def delete_file(self, owner: str, fid: str) -> None:
-        async with self.r.pipeline(transaction=True) as pipe:
-            pipe.delete(self.k_file(fid), self.k_lines(fid))
-            pipe.zrem(self.k_files(owner), fid)
-            await pipe.execute()
 
     # ------------------------------------------------------------ batches
 
@@ -232,25 +92,23 @@ class BatchStore:
             "metadata": json.dumps(metadata) if metadata is not None else "",
             "ending": "",
         }
-        q = self.k_queue(bid)
+        q = self.keys.queue(bid)
         async with self.r.pipeline(transaction=True) as pipe:
-            for start in range(0, len(custom_ids), _CHUNK):
-                pipe.rpush(self.k_ids(bid), *custom_ids[start : start + _CHUNK])
+            for start in range(0, len(custom_ids), CHUNK):
+                pipe.rpush(self.keys.ids(bid), *custom_ids[start : start + CHUNK])
             for i in indices:
                 pipe.xadd(q, {"i": i})
             pipe.xgroup_create(q, GROUP, id="0", mkstream=True)
-            pipe.hset(self.k_batch(bid), mapping=record)
-            pipe.zadd(self.k_batches(owner), {bid: now})
-            pipe.sadd(self.k_active, bid)
+            pipe.hset(self.keys.batch(bid), mapping=record)
+            pipe.zadd(self.keys.batches(owner), {bid: now})
+            pipe.sadd(self.keys.active, bid)
             # The input stays while the batch needs it; it expires again when it ends.
-            pipe.persist(self.k_file(input_file["id"]))
-            pipe.persist(self.k_lines(input_file["id"]))
-            pipe.hset(self.k_file(input_file["id"]), "in_use_by", bid)
+            self.files.hold(pipe, input_file["id"], bid)
             await pipe.execute()
         return batch_object(record)
 
     async def batch_record(self, bid: str, owner: str | None = None) -> dict[str, str] | None:
-        rec: dict[str, str] = await self.r.hgetall(self.k_batch(bid))
+        rec: dict[str, str] = await self.r.hgetall(self.keys.batch(bid))
         if not rec or (owner is not None and rec.get("owner") != owner):
             return None
         return rec
@@ -258,34 +116,23 @@ class BatchStore:
     async def list_batches(
         self, owner: str, limit: int, after: str | None
     ) -> tuple[list[dict[str, Any]], bool]:
-        ids = await self._page(self.k_batches(owner), after, True)
+        ids = await page(self.r, self.keys.batches(owner), after, True)
         out: list[dict[str, Any]] = []
         for bid in ids:
             rec = await self.batch_record(bid, owner)
             if rec is None:
-                await self.r.zrem(self.k_batches(owner), bid)
+                await self.r.zrem(self.keys.batches(owner), bid)
                 continue
             if len(out) == limit:
                 return out, True
             out.append(batch_object(rec))
         return out, False
 
-    async def _page(self, key: str, after: str | None, desc: bool) -> list[str]:
-        start = 0
-        if after is not None:
-            rank = await (self.r.zrevrank(key, after) if desc else self.r.zrank(key, after))
-            if rank is None:
-                return []
-            start = int(rank) + 1
-        get = self.r.zrevrange if desc else self.r.zrange
-        ids: list[str] = await get(key, start, -1)
-        return ids
-
     async def set_fields(self, bid: str, **fields: Any) -> None:
-        await self.r.hset(self.k_batch(bid), mapping={k: v for k, v in fields.items()})
+        await self.r.hset(self.keys.batch(bid), mapping={k: v for k, v in fields.items()})
 
     async def active(self) -> list[str]:
-        ids: set[str] = await self.r.smembers(self.k_active)
+        ids: set[str] = await self.r.smembers(self.keys.active)
         return sorted(ids)
 
     # ------------------------------------------------------------ the queue
@@ -298,12 +145,12 @@ class BatchStore:
         return out
 
     async def claim_new(self, bid: str, consumer: str, count: int) -> list[Claimed]:
-        got = await self.r.xreadgroup(GROUP, consumer, {self.k_queue(bid): ">"}, count=count)
+        got = await self.r.xreadgroup(GROUP, consumer, {self.keys.queue(bid): ">"}, count=count)
         return [c for _, entries in got for c in self._claimed(bid, entries)]
 
     async def claim_own(self, bid: str, consumer: str) -> list[Claimed]:
         """Entries delivered to ``consumer`` before (a restart) and never acknowledged."""
-        got = await self.r.xreadgroup(GROUP, consumer, {self.k_queue(bid): "0"}, count=100_000)
+        got = await self.r.xreadgroup(GROUP, consumer, {self.keys.queue(bid): "0"}, count=100_000)
         return [c for _, entries in got for c in self._claimed(bid, entries)]
 
     async def claim_stale(self, bid: str, consumer: str, idle_s: float) -> list[Claimed]:
@@ -312,7 +159,7 @@ class BatchStore:
         cursor = "0-0"
         while True:
             reply = await self.r.xautoclaim(
-                self.k_queue(bid), GROUP, consumer, int(idle_s * 1000), cursor, count=500
+                self.keys.queue(bid), GROUP, consumer, int(idle_s * 1000), cursor, count=500
             )
             cursor, entries = reply[0], reply[1]
             out += self._claimed(bid, entries)
@@ -321,21 +168,21 @@ class BatchStore:
 
     async def renew(self, bid: str, consumer: str, entry_ids: list[str]) -> None:
         if entry_ids:
-            await self.r.xclaim(self.k_queue(bid), GROUP, consumer, 0, entry_ids, justid=True)
+            await self.r.xclaim(self.keys.queue(bid), GROUP, consumer, 0, entry_ids, justid=True)
 
     async def live_pending(self, bid: str, idle_s: float) -> int:
         """Entries claimed by some runner that renewed them within ``idle_s``."""
-        info = await self.r.xpending(self.k_queue(bid), GROUP)
+        info = await self.r.xpending(self.keys.queue(bid), GROUP)
         total = int(info["pending"]) if info else 0
         if total == 0:
             return 0
         stale = await self.r.xpending_range(
-            self.k_queue(bid), GROUP, "-", "+", total, idle=int(idle_s * 1000)
+            self.keys.queue(bid), GROUP, "-", "+", total, idle=int(idle_s * 1000)
         )
         return total - len(stale)
 
     async def queued(self, bid: str) -> int:
-        n: int = await self.r.xlen(self.k_queue(bid))
+        n: int = await self.r.xlen(self.keys.queue(bid))
         return n
 
     async def record(
@@ -343,7 +190,7 @@ class BatchStore:
     ) -> bool:
         """Write one line's result (once) and acknowledge its entry; True if it was new."""
         new = await self._record(
-            keys=[self.k_results(bid), self.k_batch(bid), self.k_queue(bid)],
+            keys=[self.keys.results(bid), self.keys.batch(bid), self.keys.queue(bid)],
             args=[
                 custom_id,
                 ("+" if ok else "-") + line,
@@ -357,7 +204,7 @@ class BatchStore:
     async def custom_ids(self, bid: str, indices: list[int]) -> list[str | None]:
         pipe = self.r.pipeline(transaction=False)
         for i in indices:
-            pipe.lindex(self.k_ids(bid), i)
+            pipe.lindex(self.keys.ids(bid), i)
         got: list[str | None] = await pipe.execute()
         return got
 
@@ -371,9 +218,9 @@ class BatchStore:
         total = int(rec["total"])
         out: list[str] = []
         err: list[str] = []
-        for start in range(0, total, _CHUNK):
-            ids: list[str] = await self.r.lrange(self.k_ids(bid), start, start + _CHUNK - 1)
-            results: list[str | None] = await self.r.hmget(self.k_results(bid), ids)
+        for start in range(0, total, CHUNK):
+            ids: list[str] = await self.r.lrange(self.keys.ids(bid), start, start + CHUNK - 1)
+            results: list[str | None] = await self.r.hmget(self.keys.results(bid), ids)
             for cid, res in zip(ids, results, strict=True):
                 if res is not None:
                     (out if res[0] == "+" else err).append(res[1:])
@@ -382,7 +229,7 @@ class BatchStore:
         hexpart = bid.removeprefix("batch_")
         fields: dict[str, Any] = {"status": outcome, f"{outcome}_at": now}
         if out:
-            f = await self.add_file(
+            f = await self.files.add_file(
                 owner,
                 f"{bid}_output.jsonl",
                 "batch_output",
@@ -394,7 +241,7 @@ class BatchStore:
             )
             fields["output_file_id"] = f["id"]
         if err:
-            f = await self.add_file(
+            f = await self.files.add_file(
                 owner,
                 f"{bid}_error.jsonl",
                 "batch_output",
@@ -407,14 +254,12 @@ class BatchStore:
             fields["error_file_id"] = f["id"]
         keep = self.retention_s
         async with self.r.pipeline(transaction=True) as pipe:
-            pipe.hset(self.k_batch(bid), mapping=fields)
-            pipe.srem(self.k_active, bid)
-            pipe.delete(self.k_queue(bid))
-            for key in (self.k_batch(bid), self.k_ids(bid), self.k_results(bid)):
+            pipe.hset(self.keys.batch(bid), mapping=fields)
+            pipe.srem(self.keys.active, bid)
+            pipe.delete(self.keys.queue(bid))
+            for key in (self.keys.batch(bid), self.keys.ids(bid), self.keys.results(bid)):
                 pipe.expire(key, keep)
-            pipe.hdel(self.k_file(rec["input_file_id"]), "in_use_by")
-            pipe.expire(self.k_file(rec["input_file_id"]), keep)
-            pipe.expire(self.k_lines(rec["input_file_id"]), keep)
+            self.files.release(pipe, rec["input_file_id"])
             await pipe.execute()
 
 
@@ -423,10 +268,12 @@ def _size(lines: list[str]) -> int:
 
 
 def missing_line(bid: str, custom_id: str, code: str) -> str:
-    """The error-file line of a request that never ran (expired or cancelled)."""
+    """The error-file line of a request that never ran (expired, cancelled, or its input
+    line was no longer stored)."""
     message = {
         "batch_expired": "This request could not be executed before the completion window expired.",
         "batch_cancelled": "This request was not executed because the batch was cancelled.",
+        "input_missing": "This request was not executed: its input line is no longer stored.",
     }[code]
     digest = hashlib.sha256(f"{bid}/{custom_id}".encode()).hexdigest()[:24]
     return json.dumps(
@@ -437,20 +284,6 @@ def missing_line(bid: str, custom_id: str, code: str) -> str:
             "error": {"code": code, "message": message},
         }
     )
-
-
-def file_object(rec: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "id": rec["id"],
-        "object": "file",
-        "bytes": int(rec["bytes"]),
-        "created_at": int(rec["created_at"]),
-        "expires_at": _int(rec.get("expires_at")),
-        "filename": rec["filename"],
-        "purpose": rec["purpose"],
-        "status": "processed",
-        "status_details": None,
-    }
 
 
 def batch_object(rec: dict[str, Any]) -> dict[str, Any]:
@@ -475,8 +308,8 @@ def batch_object(rec: dict[str, Any]) -> dict[str, Any]:
         "output_file_id": rec.get("output_file_id") or None,
         "error_file_id": rec.get("error_file_id") or None,
         "created_at": int(rec["created_at"]),
-        "expires_at": _int(rec.get("expires_at")),
-        **{t: _int(rec.get(t)) for t in times},
+        "expires_at": int_or_none(rec.get("expires_at")),
+        **{t: int_or_none(rec.get(t)) for t in times},
         "request_counts": {
             "total": int(rec["total"]),
             "completed": int(rec.get("completed") or 0),

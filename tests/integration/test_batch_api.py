@@ -900,6 +900,29 @@ async def test_deleting_the_input_of_a_running_batch_is_409(redis_url: str) -> N
         assert fid not in [f.id for f in (await gw.sdk().files.list()).data]
 
 
+async def test_lines_whose_input_vanished_fail_as_input_missing(redis_url: str) -> None:
+    """Input lines gone from Redis while the batch runs (evicted, removed by hand): each
+    ends in the error file as input_missing and the batch still completes, nothing stuck."""
+    gate = Gate(hold=lambda cid: cid == "a")
+    s = with_redis(redis_url, batch={"max_waiting": 1})
+    async with running(s, gate) as gw:
+        fid = await gw.upload(chat_file(["a", "b", "c"]))
+        b = await gw.create(fid)
+        await until(lambda: gate.waiting == ["a"], what="the first line running")
+        await gw.service.store.r.delete(gw.service.store.keys.lines(fid))
+        gate.open()
+        b = await gw.wait(b.id)
+        assert b.status == "completed", b
+        assert ids_of(await gw.content(b.output_file_id)) == ["a"]
+        err = await gw.content(b.error_file_id)
+        assert sorted(ln["custom_id"] for ln in err) == ["b", "c"]  # ids are kept per batch
+        for ln in err:
+            assert ln["error"]["code"] == "input_missing" and ln["response"] is None
+        assert b.request_counts is not None
+        assert (b.request_counts.completed, b.request_counts.failed) == (1, 2)
+        assert gate.calls == ["a"]
+
+
 async def test_an_input_shared_by_two_batches_stays_while_either_runs(redis_url: str) -> None:
     gate = Gate()
     async with running(with_redis(redis_url, batch={"max_waiting": 2}), gate) as gw:
