@@ -49,6 +49,7 @@ class Ticket:
     _last_token: tuple[float, int] | None = field(default=None)  # (time, tokens so far)
     queued_behind: int = 0  # requests queued ahead of it when it arrived (Scheduler.ahead)
     interactive: bool = False
+    ttft_s: float | None = None  # an interactive class's first-token target (pacing)
     _streams: bool | None = field(default=None)  # None: not said yet
     _prefill_running: bool = field(default=True)  # as far as pacing can tell (see _prefill_over)
 
@@ -60,7 +61,10 @@ class Ticket:
         now = self._now()
         if observed and not self._first_token_seen:
             self._first_token_seen = True
-            c.prefill_rates.observe(self.worker, self.request.prompt_tokens, now - self.admitted_at)
+            waited = now - self.admitted_at
+            c.prefill_rates.observe(self.worker, self.request.prompt_tokens, waited)
+            if self.ttft_s is not None:
+                c.observe_start(self.worker, waited, self.ttft_s)
         if observed or self._streams is False:
             self._prefill_over(now)
         if not self._prefill_released:
@@ -267,7 +271,15 @@ class AdmissionController:
             self._on_admit(req, admitted_at - req.arrival)
         self._prefilling[worker] = self._prefilling.get(worker, 0) + 1
         interactive = self.scheduler.is_interactive(req.cls)
-        return Ticket(req, worker, admitted_at, self, queued_behind=behind, interactive=interactive)
+        return Ticket(
+            req,
+            worker,
+            admitted_at,
+            self,
+            queued_behind=behind,
+            interactive=interactive,
+            ttft_s=self.scheduler.ttft_target(req.cls) if interactive else None,
+        )
 
     def _shed(self, rejection: Rejection, now: float) -> RateLimited:
         if rejection.retry_after_s is not None:
@@ -381,17 +393,30 @@ class AdmissionController:
             self._prefilling.pop(worker, None)
         self._prefill_ended_at[worker] = now
 
-    def observe_gap(
-        self, worker: str, seconds: float, tokens: int, interactive: bool = False
-    ) -> None:
-        """``tokens`` tokens of a stream on ``worker`` came ``seconds`` after its last one."""
+    def _pacer(self, worker: str, now: float) -> WorkerPacer | None:
         if self.pacing is None:
-            return
-        now = self.clock()
+            return None
         pacer = self._pacers.get(worker)
         if pacer is None:
             pacer = WorkerPacer(self.pacing, now, self.app_pacing_floor)
             self._pacers[worker] = pacer
+        return pacer
+
+    def observe_start(self, worker: str, seconds: float, ttft_s: float) -> None:
+        """An interactive request's first token came ``seconds`` after it was sent to
+        ``worker``; ``ttft_s``: its class's target."""
+        pacer = self._pacer(worker, self.clock())
+        if pacer is not None:
+            pacer.observe_start(seconds, ttft_s)
+
+    def observe_gap(
+        self, worker: str, seconds: float, tokens: int, interactive: bool = False
+    ) -> None:
+        """``tokens`` tokens of a stream on ``worker`` came ``seconds`` after its last one."""
+        now = self.clock()
+        pacer = self._pacer(worker, now)
+        if pacer is None:
+            return
         prefill = (
             worker in self._prefilling
             or self._prefill_ended_at.get(worker, -math.inf) > now - seconds

@@ -26,9 +26,12 @@ cap does not cause, and at light load held RAG to one or two prompts at a time (
 
 ``PrefillPacer`` sets the share of the worker's measured prefill speed that background
 prompts may use (their *duty*), from the mean gap the *interactive* streams see, stalls
-included, against a looser target: cut to ``decrease`` times when above it, one ``step``
-more when well under it or when no interactive stream ran in the interval (nobody to
-protect: background gets the capacity back). Background prompts admitted run up a debt in
+included, against a looser target, and from their first tokens: cut to ``decrease`` times
+when the gap is above its target or an interactive request waited more than half its
+``ttft_s`` on the worker for its first token (background prompts queued in vLLM ahead of it:
+vLLM's own queue is first come, first served); one ``step`` more when well under the gap
+target or when no interactive stream ran in the interval (nobody to protect: background
+gets the capacity back). Background prompts admitted run up a debt in
 prompt tokens that is paid back at duty x prefill rate; background waits while it is unpaid.
 
 The same gaps move a third cap, on the interactive sequences any one app may have on the
@@ -119,6 +122,11 @@ class DecodePacer:
         return self.cap
 
 
+# An interactive first token later than this share of its class's ttft_s, counted from
+# when the request reached the worker, cuts the background prefill duty (PrefillPacer).
+LATE_START = 0.5
+
+
 class PrefillPacer:
     """The background prefill duty of one worker (see the module docstring)."""
 
@@ -144,12 +152,19 @@ class PrefillPacer:
         self._tokens = 0
         self._debt = 0.0  # background prompt tokens admitted and not yet paid back
         self._paid_at = now
+        self._late = False  # an interactive first token came late in this interval
 
     def observe(self, seconds: float, tokens: int) -> None:
         """An interactive stream's ``tokens`` came ``seconds`` after its previous token."""
         if tokens > 0 and seconds >= 0 and math.isfinite(seconds):
             self._time += seconds
             self._tokens += tokens
+
+    def observe_start(self, seconds: float, ttft_s: float) -> None:
+        """An interactive request's first token came ``seconds`` after it was sent to the
+        worker; its class's first-token target is ``ttft_s``."""
+        if seconds > LATE_START * ttft_s:
+            self._late = True
 
     def update(self, now: float, rate: float) -> float:
         """Move the duty if an interval has passed (``rate``: the worker's prefill speed in
@@ -158,6 +173,11 @@ class PrefillPacer:
             return self.duty
         self._pay(now, rate)
         self._since = now
+        late, self._late = self._late, False
+        if late:
+            self.duty = max(self.min_duty, self.duty * self.decrease)
+            self._time, self._tokens = 0.0, 0
+            return self.duty
         if self._tokens == 0:  # no interactive stream to protect
             self.duty = min(1.0, self.duty + self.step)
             return self.duty
@@ -261,6 +281,12 @@ class WorkerPacer:
             self._prefill.observe(seconds, tokens)
         if self._apps is not None:
             self._apps.observe(seconds, tokens)
+
+    def observe_start(self, seconds: float, ttft_s: float) -> None:
+        """An interactive request's first token came ``seconds`` after it reached the
+        worker; ``ttft_s`` is its class's target."""
+        if self._prefill is not None:
+            self._prefill.observe_start(seconds, ttft_s)
 
     def prefill_open(self, now: float, rate: float) -> bool:
         """Whether background prompts may start on the worker now (prefill duty)."""

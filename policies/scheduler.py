@@ -447,6 +447,11 @@ class Scheduler:
         q = self._queues.get(name)
         return q is not None and q.policy.interactive
 
+    def ttft_target(self, name: str) -> float | None:
+        """The class's first-token target in seconds (None: none, or no such class)."""
+        q = self._queues.get(name)
+        return None if q is None else q.policy.ttft_s
+
     def has_class(self, name: str) -> bool:
         """Whether ``name`` is a configured class (``enqueue`` refuses others)."""
         return name in self._queues

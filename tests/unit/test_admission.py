@@ -421,3 +421,35 @@ async def test_prefill_stalls_cut_the_prefill_duty_and_decode_gaps_the_cap() -> 
     (await asyncio.wait_for(waiter, 1.0)).finish(2000, 50)
     chat.finish(10, 50)
     passing.finish(10, 50)
+
+
+async def test_a_late_interactive_first_token_cuts_the_prefill_duty() -> None:
+    """An interactive request whose first token took more than half its class's ttft on
+    the worker cuts that worker's prefill duty at the next interval; a background one
+    does not."""
+    from hearthgate.policies.pacing import PacingRule
+
+    clock = Clock()
+    sched = Scheduler(
+        [
+            ClassPolicy("chat", 1, interactive=True, ttft_s=0.5),
+            ClassPolicy("rag", 2, interactive=False, ttft_s=0.5),
+        ]
+    )
+    snaps = [WorkerSnapshot("w0")]
+    rule = PacingRule(target_gap_s=0.015, interval_s=0.5, max_cap=8, prefill_gap_s=0.025)
+    ctl = AdmissionController(sched, lambda: snaps, clock=clock, pacing=rule)
+    rag = await ctl.admit(QueuedRequest("b0", "rag", "notes", clock(), 2, 2000, 50))
+    clock.t += 0.4
+    rag.first_token()  # 400 ms: late for its class, but background
+    clock.t += 0.2
+    ctl.tick()
+    assert ctl.pacing_state() == {}  # nothing a pacer counts was seen yet
+    chat = await ctl.admit(QueuedRequest("c0", "chat", "chatui", clock(), 1, 10, 50))
+    clock.t += 0.3
+    chat.first_token()  # 300 ms of a 500 ms target: late
+    clock.t += 0.5  # one pacing interval after the pacer began with that observation
+    ctl.tick()
+    assert ctl.pacing_state()["w0"].prefill_duty == pytest.approx(0.7)
+    rag.finish(2000, 50)
+    chat.finish(10, 50)

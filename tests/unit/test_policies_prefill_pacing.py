@@ -107,3 +107,15 @@ def test_a_closed_prefill_duty_holds_background_only() -> None:
     sched.enqueue(req("c0", "chat", arrival=1), 0.0)
     assert [a.request.id for a in sched.admit(1.0, [w])] == ["c0"]
     assert [a.request.id for a in sched.admit(1.0, [worker()])] == ["r0"]
+
+
+def test_a_late_interactive_first_token_cuts_the_duty_even_with_fast_gaps() -> None:
+    p = PrefillPacer(target_gap_s=0.025, interval_s=0.5, now=0.0)
+    p.observe_start(0.24, ttft_s=0.5)  # under half the target: on time
+    slow(p, 0.010)
+    assert p.update(0.5, rate=1000.0) == 1.0
+    p.observe_start(0.26, ttft_s=0.5)  # over half: background prompts queued ahead of it
+    slow(p, 0.010)
+    assert p.update(1.0, rate=1000.0) == pytest.approx(0.7)
+    slow(p, 0.010)
+    assert p.update(1.5, rate=1000.0) == pytest.approx(0.8)  # one late start, one cut
