@@ -34,6 +34,9 @@ target or when no interactive stream ran in the interval (nobody to protect: bac
 gets the capacity back). Background prompts admitted run up a debt in
 prompt tokens that is paid back at duty x prefill rate; background waits while it is unpaid.
 
+An interactive first token that came late cuts the decode cap as well: while long prompts
+are in prefill all the time, no gap is free of them and the decode batch would grow unseen.
+
 The same gaps move a third cap, on the interactive sequences any one app may have on the
 worker (``WorkerPacer``): an app flooding an interactive class is held to it, so the queue
 forms in the gateway, where fair sharing lets the other apps' requests go first, instead of
@@ -98,21 +101,26 @@ class DecodePacer:
             self._time += seconds
             self._tokens += tokens
 
-    def update(self, now: float, background_in_flight: int, may_cut: bool = True) -> int:
+    def update(
+        self, now: float, background_in_flight: int, may_cut: bool = True, slow: bool = False
+    ) -> int:
         """Move the cap if an interval has passed; the cap now. ``may_cut`` False: a gap
-        over the target leaves the cap where it is (something else gives way first)."""
+        over the target leaves the cap where it is (something else gives way first).
+        ``slow``: count the interval as over the target whatever its gaps (an interactive
+        first token came late)."""
         if now - self._since < self.rule.interval_s:
             return self.cap
         self._since = now
-        if self._tokens == 0:
+        if self._tokens == 0 and not slow:
             return self.cap
-        gap = self._time / self._tokens
+        gap = self._time / self._tokens if self._tokens else math.inf
         self._time, self._tokens = 0.0, 0
-        self.last_gap_s = gap
+        if math.isfinite(gap):
+            self.last_gap_s = gap
         r = self.rule
         if self._settling and background_in_flight <= self.cap:
             self._settling = False
-        if gap > r.target_gap_s:
+        if slow or gap > r.target_gap_s:
             if may_cut and not self._settling:
                 base = min(self.cap, background_in_flight)
                 self.cap = max(r.min_cap, math.floor(base * r.decrease))
@@ -165,6 +173,11 @@ class PrefillPacer:
         worker; its class's first-token target is ``ttft_s``."""
         if seconds > LATE_START * ttft_s:
             self._late = True
+
+    @property
+    def late(self) -> bool:
+        """An interactive first token came late in the current interval."""
+        return self._late
 
     def update(self, now: float, rate: float) -> float:
         """Move the duty if an interval has passed (``rate``: the worker's prefill speed in
@@ -302,7 +315,11 @@ class WorkerPacer:
     ) -> None:
         """Move the caps if an interval has passed. ``heaviest_app``: the most interactive
         sequences one app has on the worker; ``rate``: its prefill speed (tokens/s)."""
-        self._background.update(now, background_in_flight)
+        # A late interactive first token also cuts the decode cap: while long prompts
+        # are always in prefill no gap is free of them, and a decode batch grown unseen
+        # made every step slow (rag-burst at 3x: chat TTFT p99 1.2 s).
+        late = self._prefill is not None and self._prefill.late
+        self._background.update(now, background_in_flight, slow=late)
         if self._prefill is not None:
             self._prefill.update(now, rate)
         if self._apps is not None:

@@ -119,3 +119,17 @@ def test_a_late_interactive_first_token_cuts_the_duty_even_with_fast_gaps() -> N
     assert p.update(1.0, rate=1000.0) == pytest.approx(0.7)
     slow(p, 0.010)
     assert p.update(1.5, rate=1000.0) == pytest.approx(0.8)  # one late start, one cut
+
+
+def test_a_late_interactive_first_token_cuts_the_decode_cap_too() -> None:
+    """While prompts are in prefill all the time no gap is decode-only; a late first token
+    still cuts the decode cap (and the duty), once per interval."""
+    rule = PacingRule(target_gap_s=0.015, interval_s=0.5, max_cap=16, prefill_gap_s=0.025)
+    p = WorkerPacer(rule, 0.0)
+    slow(p, 0.01, prefill=True, interactive=True)  # fast, but every gap overlapped a prefill
+    p.observe_start(0.4, ttft_s=0.5)
+    p.update(0.5, background_in_flight=12, heaviest_app=1, rate=1000.0)
+    assert (p.cap, p.duty) == (8, pytest.approx(0.7))  # floor(12 x 0.7); no decode gap seen
+    assert p.last_gap_s is None
+    p.update(1.0, background_in_flight=8, heaviest_app=1, rate=1000.0)
+    assert p.cap == 8  # nothing late in this interval
