@@ -323,5 +323,13 @@ class WorkerPacer:
         if self._prefill is not None:
             self._prefill.update(now, rate)
         if self._apps is not None:
+            # Background has given way once its sequences are down to the floor and, with
+            # prefill pacing, its prefill duty too: at the start of a RAG burst few RAG
+            # sequences run yet their prefills slow every step, and cutting the chat app
+            # then queued chat in the gateway (rag-burst x3: chat 76-81% on target).
             floor = self._background.rule.min_cap
-            self._apps.update(now, heaviest_app, may_cut=background_in_flight <= floor)
+            duty = self._prefill
+            gave_way = background_in_flight <= floor and (
+                duty is None or duty.duty <= duty.min_duty
+            )
+            self._apps.update(now, heaviest_app, may_cut=gave_way)

@@ -133,3 +133,22 @@ def test_a_late_interactive_first_token_cuts_the_decode_cap_too() -> None:
     assert p.last_gap_s is None
     p.update(1.0, background_in_flight=8, heaviest_app=1, rate=1000.0)
     assert p.cap == 8  # nothing late in this interval
+
+
+def test_apps_are_cut_only_once_background_prefill_gave_way_too() -> None:
+    """With prefill pacing, slow gaps cut an app only once background is at its floor in
+    sequences and in prefill duty: a burst's first prefills slow every step while few
+    background sequences run, and the chat app must not pay for them."""
+    rule = PacingRule(target_gap_s=0.015, interval_s=0.5, max_cap=16, prefill_gap_s=0.025)
+    p = WorkerPacer(rule, 0.0, app_min_cap=4)
+    t = 0.0
+    while p.duty is not None and p.duty > 0.1:
+        t += 0.5
+        slow(p, 0.2, prefill=True, interactive=True)
+        p.update(t, background_in_flight=1, heaviest_app=12, rate=1000.0)
+        if p.duty > 0.1:
+            assert p.app_cap == 16  # the duty is still giving way
+    assert t == 3.5  # 1 -> 0.1 in seven cuts of 0.7
+    slow(p, 0.2, prefill=True, interactive=True)
+    p.update(t + 0.5, background_in_flight=1, heaviest_app=12, rate=1000.0)
+    assert p.app_cap == 10  # floor(12 x 0.85): now apps give way
