@@ -383,10 +383,14 @@ class Pacing(_Strict):
     target_fraction: float = Field(0.3, gt=0, le=1)
     # Prefill pacing: background prompts may use a share of each worker's measured prefill
     # speed (their duty), cut while the interactive streams' mean gap, prefill stalls
-    # included, is above prefill_fraction x the smallest interactive itl_ms; the decode
-    # cap then counts only gaps no prefill overlapped. null: off (the decode cap counts
-    # every gap, and prefill stalls cut it: RAG held to 1-2 in flight at light load).
-    prefill_fraction: float | None = Field(0.5, gt=0, le=1)
+    # included, is above prefill_fraction x the smallest interactive itl_ms or an
+    # interactive first token is late; the decode cap then counts only gaps no prefill
+    # overlapped. null (default): off, every gap moves the decode cap. Off because in RAG
+    # bursts at 2-3x it let chat miss its targets (65-95% on target where decode pacing
+    # alone kept 96-100%), though it gave home-mix x4 more background tokens (346-412 vs
+    # 251-346 tok/s) and RAG its first token in 0.1-0.2 s at home-mix x1 instead of
+    # 0.7-2.6 s (loadtests/results/prefill-pacing.md).
+    prefill_fraction: float | None = Field(None, gt=0, le=1)
     interval_ms: float = Field(500.0, gt=0)  # how often a worker's cap moves
     # The cap at start and its ceiling: 32 long-prompt sequences in flight gave 427 tok/s
     # where 64 gave 259 (pacing-tune.md, run 3).
