@@ -179,7 +179,9 @@ def _leases_closed_within(gateway_url: str, seconds: float) -> bool:
     return True
 
 
-def _abandon(gateway_url: str, gen_worker_url: str, body: dict[str, Any]) -> tuple[float, bool]:
+def _abandon(
+    gateway_url: str, gen_worker_url: str, body: dict[str, Any]
+) -> tuple[float, bool | str]:
     """Send ``body``, leave early, wait until the worker stops producing: the tokens
     generated, and whether the gateway noticed the client leave within 3 s (so a failure
     says which side missed the disconnect: the gateway, or vLLM after the gateway hung up)."""
@@ -188,11 +190,19 @@ def _abandon(gateway_url: str, gen_worker_url: str, body: dict[str, Any]) -> tup
         with httpx.stream("POST", gateway_url + "/v1/completions", json=body, timeout=60) as r:
             assert next(r.iter_lines()).startswith("data: ")
     else:
-        # The client gives up after a second and closes its connection.
-        with pytest.raises(httpx.ReadTimeout):
-            httpx.post(
+        # The client gives up after a second and closes its connection. An answer within
+        # that second (seen once in CI, 2026-12-02, not reproduced) means the request was
+        # never abandoned: the try says what came back instead of counting tokens.
+        started = time.monotonic()
+        try:
+            r = httpx.post(
                 gateway_url + "/v1/completions", json=body, timeout=httpx.Timeout(60, read=1.0)
             )
+        except httpx.ReadTimeout:
+            pass
+        else:
+            took = time.monotonic() - started
+            return math.inf, f"answered {r.status_code} in {took:.1f} s: {r.text[:300]!r}"
     noticed = _leases_closed_within(gateway_url, 3.0)
     # Wait until the worker stops producing tokens (two equal reads a second apart).
     last, deadline = generated_tokens(gen_worker_url), time.monotonic() + 60
