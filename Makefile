@@ -11,7 +11,7 @@ VLLM_VERSION := 0.32.0
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: help setup redis-server chromium run run-split test lint typecheck unit e2e bench bench-overhead clean
+.PHONY: help setup serve-deps redis-server chromium run run-split test lint typecheck unit e2e bench bench-overhead clean
 
 help:
 	@echo "make run    - set everything up, start vLLM workers and the gateway on :8080"
@@ -75,13 +75,17 @@ chromium:
 	    { echo "/usr/bin/chromium is still missing after apt-get install" >&2; exit 1; }; \
 	fi
 
-setup: $(VENV)/.stamp $(VLLM_VENV)/.stamp $(TINY_MODEL)/.stamp redis-server chromium
+# What the gateway and its workers need (`make run`, the benchmarks); the tests need Chromium
+# on top, for the status page's browser tests, and only they install it.
+serve-deps: $(VENV)/.stamp $(VLLM_VENV)/.stamp $(TINY_MODEL)/.stamp redis-server
+
+setup: serve-deps chromium
 
 # LAYOUT=split: a general worker (core 0), a long-prefill worker (core 1) and the embedding
 # worker (sharing core 1), from deploy/settings.split.yaml.
 LAYOUT ?= single
 
-run: setup
+run: serve-deps
 	$(VENV)/bin/python -m hearthgate.deploy.run_local --config deploy/settings.example.yaml --layout $(LAYOUT)
 
 run-split:
@@ -103,10 +107,10 @@ e2e: setup
 test: setup lint typecheck
 	$(VENV)/bin/pytest -q tests
 
-bench: setup
+bench: serve-deps
 	$(VENV)/bin/hearthgate bench compare home-mix --targets local --out loadtests/results
 
-bench-overhead: setup
+bench-overhead: serve-deps
 	$(VENV)/bin/python -m hearthgate.loadtests.overhead
 
 clean:

@@ -17,7 +17,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from hearthgate.gateway.errors import (
@@ -27,8 +27,9 @@ from hearthgate.gateway.errors import (
     RateLimited,
     class_gone,
 )
+from hearthgate.gateway.worker_pacing import WorkerPacing
 from hearthgate.policies.estimators import DrainRate, PrefillRates
-from hearthgate.policies.pacing import PacingRule, PacingState, WorkerPacer
+from hearthgate.policies.pacing import PacingRule, PacingState
 from hearthgate.policies.scheduler import Scheduler
 from hearthgate.policies.types import QueuedRequest, Rejection, WorkerSnapshot
 
@@ -51,7 +52,7 @@ class Ticket:
     interactive: bool = False
     ttft_s: float | None = None  # an interactive class's first-token target (pacing)
     _streams: bool | None = field(default=None)  # None: not said yet
-    _prefill_running: bool = field(default=True)  # as far as pacing can tell (see _prefill_over)
+    _prefill_running: bool = field(default=False)  # counted by prefill pacing, not over yet
 
     def first_token(self, observed: bool = True) -> None:
         """The first token arrived (``observed``) or the prefill is estimated to be over:
@@ -64,7 +65,7 @@ class Ticket:
             waited = now - self.admitted_at
             c.prefill_rates.observe(self.worker, self.request.prompt_tokens, waited)
             if self.ttft_s is not None:
-                c.observe_start(self.worker, waited, self.ttft_s)
+                c.paced.observe_start(self.worker, now, waited, self.ttft_s)
         if observed or self._streams is False:
             self._prefill_over(now)
         if not self._prefill_released:
@@ -98,8 +99,8 @@ class Ticket:
         if output_tokens_so_far > 0:
             self._prefill_over(now)
         if last is not None and output_tokens_so_far > last[1]:
-            c.observe_gap(
-                self.worker, now - last[0], output_tokens_so_far - last[1], self.interactive
+            c.paced.observe_gap(
+                self.worker, now, now - last[0], output_tokens_so_far - last[1], self.interactive
             )
         self._last_token = (now, output_tokens_so_far)
         c.scheduler.on_progress(self.request.id, output_tokens_so_far, now)
@@ -121,7 +122,7 @@ class Ticket:
         estimate for an answer that does not stream, or the end), as pacing counts it."""
         if self._prefill_running:
             self._prefill_running = False
-            self._controller.prefill_ended(self.worker, now)
+            self._controller.paced.prefill_ended(self.worker, now)
 
     def _now(self) -> float:
         return self._controller.clock()
@@ -159,13 +160,7 @@ class AdmissionController:
         self.early_release = early_release
         self._releases: list[tuple[float, int, Ticket]] = []  # heap of estimated prefill ends
         self._seq = itertools.count()
-        self.pacing = pacing
-        self.app_pacing_floor = app_pacing_floor  # None: no per-app pacing cap
-        self._pacers: dict[str, WorkerPacer] = {}
-        # Prompts on each worker still in prefill as pacing counts them, and when one last
-        # ended: a token gap overlapping either is a prefill stall, not a decode step.
-        self._prefilling: dict[str, int] = {}
-        self._prefill_ended_at: dict[str, float] = {}
+        self.paced = WorkerPacing(pacing, app_pacing_floor, self.prefill_rates)
         # Per-app caps on queued requests, and a cap on the bytes queued bodies hold.
         self._app_caps = dict(app_queue_caps or {})
         self._max_queued_bytes = max_queued_bytes
@@ -269,7 +264,6 @@ class AdmissionController:
         admitted_at = self.clock()
         if self._on_admit is not None:
             self._on_admit(req, admitted_at - req.arrival)
-        self._prefilling[worker] = self._prefilling.get(worker, 0) + 1
         interactive = self.scheduler.is_interactive(req.cls)
         return Ticket(
             req,
@@ -279,6 +273,7 @@ class AdmissionController:
             queued_behind=behind,
             interactive=interactive,
             ttft_s=self.scheduler.ttft_target(req.cls) if interactive else None,
+            _prefill_running=self.paced.prefill_started(worker),
         )
 
     def _shed(self, rejection: Rejection, now: float) -> RateLimited:
@@ -373,10 +368,7 @@ class AdmissionController:
         """New settings (a reload): later decisions use them; queued requests stay. A new
         pacing rule restarts the pacers (from the rule's max cap)."""
         self.early_release = early_release
-        if pacing != self.pacing or app_pacing_floor != self.app_pacing_floor:
-            self.pacing = pacing
-            self.app_pacing_floor = app_pacing_floor
-            self._pacers.clear()
+        self.paced.reconfigure(pacing, app_pacing_floor)
         self._app_caps = dict(app_queue_caps)
         self._max_queued_bytes = max_queued_bytes
         self._retry_after_s = retry_after_s
@@ -384,77 +376,16 @@ class AdmissionController:
 
     # -------------------------------------------------------------------- pacing
 
-    def prefill_ended(self, worker: str, now: float) -> None:
-        """One prompt on ``worker`` is out of prefill (``Ticket._prefill_over``)."""
-        left = self._prefilling.get(worker, 1) - 1
-        if left > 0:
-            self._prefilling[worker] = left
-        else:
-            self._prefilling.pop(worker, None)
-        self._prefill_ended_at[worker] = now
-
-    def _pacer(self, worker: str, now: float) -> WorkerPacer | None:
-        if self.pacing is None:
-            return None
-        pacer = self._pacers.get(worker)
-        if pacer is None:
-            pacer = WorkerPacer(self.pacing, now, self.app_pacing_floor)
-            self._pacers[worker] = pacer
-        return pacer
-
-    def observe_start(self, worker: str, seconds: float, ttft_s: float) -> None:
-        """An interactive request's first token came ``seconds`` after it was sent to
-        ``worker``; ``ttft_s``: its class's target."""
-        pacer = self._pacer(worker, self.clock())
-        if pacer is not None:
-            pacer.observe_start(seconds, ttft_s)
-
-    def observe_gap(
-        self, worker: str, seconds: float, tokens: int, interactive: bool = False
-    ) -> None:
-        """``tokens`` tokens of a stream on ``worker`` came ``seconds`` after its last one."""
-        now = self.clock()
-        pacer = self._pacer(worker, now)
-        if pacer is None:
-            return
-        prefill = (
-            worker in self._prefilling
-            or self._prefill_ended_at.get(worker, -math.inf) > now - seconds
-        )
-        pacer.observe(seconds, tokens, prefill, interactive)
-
     def pacing_state(self) -> dict[str, PacingState]:
         """Per paced worker: its caps, the last interval's mean token gap, its duty."""
-        return {name: p.state() for name, p in sorted(self._pacers.items())}
-
-    def _pace(self, now: float) -> None:
-        if not self._pacers:
-            return
-        usage = self.scheduler.worker_usage()
-        for name, pacer in self._pacers.items():
-            rate = self.prefill_rates.rate(name)
-            u = usage.get(name)
-            if u is None:
-                pacer.update(now, 0, 0, rate)
-            else:
-                bg = u.in_flight - u.interactive_in_flight
-                pacer.update(now, bg, u.heaviest_app, rate)
+        return self.paced.state()
 
     def snapshots(self, now: float | None = None) -> list[WorkerSnapshot]:
         """The pool's worker snapshots with each paced worker's pacing caps."""
-        snaps = list(self._snapshots())
-        if not self._pacers:
-            return snaps
-        now = self.clock() if now is None else now
-        out = []
-        for s in snaps:
-            p = self._pacers.get(s.name)
-            if p is None:
-                out.append(s)
-                continue
-            is_open = p.prefill_open(now, self.prefill_rates.rate(s.name))
-            out.append(replace(s, background_cap=p.cap, app_cap=p.app_cap, prefill_open=is_open))
-        return out
+        snaps = self._snapshots()
+        if not self.paced.active:
+            return list(snaps)
+        return self.paced.apply(snaps, self.clock() if now is None else now)
 
     # -------------------------------------------------------------------- pumping
 
@@ -465,11 +396,10 @@ class AdmissionController:
             self.drain.busy(cls, now, self.scheduler.active(cls))
         if not self._waiters:
             return
+        paced = self.paced.active
         for adm in self.scheduler.admit(now, self.snapshots(now)):
-            pacer = self._pacers.get(adm.worker)
-            if pacer is not None and not self.scheduler.is_interactive(adm.request.cls):
-                rate = self.prefill_rates.rate(adm.worker)
-                pacer.charge_prefill(now, adm.request.prompt_tokens, rate)
+            if paced and not self.scheduler.is_interactive(adm.request.cls):
+                self.paced.charge(adm.worker, now, adm.request.prompt_tokens)
             fut = self._waiters.get(adm.request.id)
             if fut is not None and not fut.done():
                 fut.set_result(adm.worker)
@@ -504,7 +434,8 @@ class AdmissionController:
         """Release estimated prefills, expire queued requests past their class's queue
         timeout, fail those that no healthy worker can serve, admit what fits."""
         now = self.clock()
-        self._pace(now)
+        if self.paced.active:
+            self.paced.update(now, self.scheduler.worker_usage())
         self._release_due()
         for req in self.scheduler.expire(now):
             depth = self.scheduler.queue_stats()[req.cls].depth

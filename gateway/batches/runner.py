@@ -186,7 +186,7 @@ class BatchRunner:
         for bid in active:
             rec = await self.store.batch_record(bid)
             if rec is None or rec.get("status") not in ACTIVE_STATUSES:
-                await self.store.r.srem(self.store.keys.active, bid)
+                await self.store.retire(bid)
                 self._forget(bid)
                 continue
             await self._advance(self._track(rec, now), rec, now)
@@ -342,7 +342,7 @@ class BatchRunner:
                     return
                 # cancelled or expired meanwhile: acknowledged, never recorded
                 with contextlib.suppress(RedisError, OSError):
-                    await self.store.r.xack(self.store.keys.queue(b.id), "run", line.claim.entry_id)
+                    await self.store.drop(b.id, line.claim.entry_id)
                 return
             ok = 200 <= answer.status < 300
             out = output_line(line.custom_id, answer)

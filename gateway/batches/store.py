@@ -135,6 +135,10 @@ class BatchStore:
         ids: set[str] = await self.r.smembers(self.keys.active)
         return sorted(ids)
 
+    async def retire(self, bid: str) -> None:
+        """Take a batch that is no longer running off the active set."""
+        await self.r.srem(self.keys.active, bid)
+
     # ------------------------------------------------------------ the queue
 
     def _claimed(self, bid: str, entries: Iterable[Any]) -> list[Claimed]:
@@ -180,6 +184,11 @@ class BatchStore:
             self.keys.queue(bid), GROUP, "-", "+", total, idle=int(idle_s * 1000)
         )
         return total - len(stale)
+
+    async def drop(self, bid: str, entry_id: str) -> None:
+        """Acknowledge a claimed entry without a result (its batch was cancelled or
+        expired while the line ran)."""
+        await self.r.xack(self.keys.queue(bid), GROUP, entry_id)
 
     async def queued(self, bid: str) -> int:
         n: int = await self.r.xlen(self.keys.queue(bid))

@@ -1,0 +1,134 @@
+"""Pacing state per worker, fed from the request path (``policies.pacing`` decides).
+
+The admission controller owns one :class:`WorkerPacing`. It keeps a ``WorkerPacer`` per
+worker, feeds it the token gaps and first-token delays tickets report, moves the caps on
+the controller's tick, adds each worker's caps to its snapshot for the scheduler, and,
+with prefill pacing on, counts the prompts each worker has in prefill: a token gap that
+overlapped one is a prefill stall, not a decode step, and a background prompt admitted
+is a prefill debt. With prefill pacing off (the default) none of that counting runs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from hearthgate.policies.budgets import WorkerUsage
+from hearthgate.policies.estimators import PrefillRates
+from hearthgate.policies.pacing import PacingRule, PacingState, WorkerPacer
+from hearthgate.policies.types import WorkerSnapshot
+
+
+class WorkerPacing:
+    """Every worker's pacer, and the prompts each has in prefill (prefill pacing only)."""
+
+    def __init__(self, rule: PacingRule | None, app_floor: int | None, rates: PrefillRates) -> None:
+        self.rule = rule
+        self.app_floor = app_floor  # None: no per-app pacing cap
+        self._rates = rates
+        self._pacers: dict[str, WorkerPacer] = {}
+        self._prefilling: dict[str, int] = {}
+        self._prefill_ended_at: dict[str, float] = {}
+
+    def reconfigure(self, rule: PacingRule | None, app_floor: int | None) -> None:
+        """A new rule or floor restarts the pacers (from the rule's max cap)."""
+        if rule != self.rule or app_floor != self.app_floor:
+            self.rule = rule
+            self.app_floor = app_floor
+            self._pacers.clear()
+
+    @property
+    def tracks_prefill(self) -> bool:
+        """Whether prompts in prefill are counted (prefill pacing is on)."""
+        return self.rule is not None and self.rule.prefill_gap_s is not None
+
+    # ------------------------------------------------------------- request events
+
+    def prefill_started(self, worker: str) -> bool:
+        """A prompt was admitted to ``worker``. Returns whether it is counted, so that
+        only a counted prompt reports its end (``prefill_ended``)."""
+        if not self.tracks_prefill:
+            return False
+        self._prefilling[worker] = self._prefilling.get(worker, 0) + 1
+        return True
+
+    def prefill_ended(self, worker: str, now: float) -> None:
+        """A counted prompt on ``worker`` is out of prefill."""
+        left = self._prefilling.get(worker, 1) - 1
+        if left > 0:
+            self._prefilling[worker] = left
+        else:
+            self._prefilling.pop(worker, None)
+        self._prefill_ended_at[worker] = now
+
+    def observe_start(self, worker: str, now: float, seconds: float, ttft_s: float) -> None:
+        """An interactive request's first token came ``seconds`` after it was sent to
+        ``worker``; ``ttft_s``: its class's target."""
+        pacer = self._pacer(worker, now)
+        if pacer is not None:
+            pacer.observe_start(seconds, ttft_s)
+
+    def observe_gap(
+        self, worker: str, now: float, seconds: float, tokens: int, interactive: bool
+    ) -> None:
+        """``tokens`` tokens of a stream on ``worker`` came ``seconds`` before ``now``
+        after its last one."""
+        pacer = self._pacer(worker, now)
+        if pacer is None:
+            return
+        prefill = self.tracks_prefill and (
+            worker in self._prefilling
+            or self._prefill_ended_at.get(worker, -math.inf) > now - seconds
+        )
+        pacer.observe(seconds, tokens, prefill, interactive)
+
+    def charge(self, worker: str, now: float, prompt_tokens: int) -> None:
+        """A background prompt was admitted to ``worker``: its prefill debt."""
+        pacer = self._pacers.get(worker)
+        if pacer is not None:
+            pacer.charge_prefill(now, prompt_tokens, self._rates.rate(worker))
+
+    # ------------------------------------------------------------------- control
+
+    def update(self, now: float, usage: Mapping[str, WorkerUsage]) -> None:
+        """Move every pacer's caps (each acts once per interval)."""
+        for name, pacer in self._pacers.items():
+            rate = self._rates.rate(name)
+            u = usage.get(name)
+            if u is None:
+                pacer.update(now, 0, 0, rate)
+            else:
+                pacer.update(now, u.in_flight - u.interactive_in_flight, u.heaviest_app, rate)
+
+    def apply(self, snaps: Sequence[WorkerSnapshot], now: float) -> list[WorkerSnapshot]:
+        """``snaps`` with each paced worker's caps and whether its prefill duty is open."""
+        if not self._pacers:
+            return list(snaps)
+        out = []
+        for s in snaps:
+            p = self._pacers.get(s.name)
+            if p is None:
+                out.append(s)
+                continue
+            is_open = p.prefill_open(now, self._rates.rate(s.name))
+            out.append(replace(s, background_cap=p.cap, app_cap=p.app_cap, prefill_open=is_open))
+        return out
+
+    @property
+    def active(self) -> bool:
+        """Whether any worker is paced yet (a pacer starts at a worker's first token)."""
+        return bool(self._pacers)
+
+    def state(self) -> dict[str, PacingState]:
+        """Per paced worker: its caps, the last interval's mean token gap, its duty."""
+        return {name: p.state() for name, p in sorted(self._pacers.items())}
+
+    def _pacer(self, worker: str, now: float) -> WorkerPacer | None:
+        if self.rule is None:
+            return None
+        pacer = self._pacers.get(worker)
+        if pacer is None:
+            pacer = WorkerPacer(self.rule, now, self.app_floor)
+            self._pacers[worker] = pacer
+        return pacer

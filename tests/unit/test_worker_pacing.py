@@ -1,0 +1,95 @@
+"""WorkerPacing: the per-worker pacing state the admission controller feeds, on plain values."""
+
+from __future__ import annotations
+
+import pytest
+
+from hearthgate.gateway.worker_pacing import WorkerPacing
+from hearthgate.policies.estimators import PrefillRates
+from hearthgate.policies.pacing import PacingRule
+from hearthgate.policies.types import WorkerSnapshot
+
+DECODE_ONLY = PacingRule(target_gap_s=0.015, interval_s=0.5, max_cap=8)
+WITH_PREFILL = PacingRule(target_gap_s=0.015, interval_s=0.5, max_cap=8, prefill_gap_s=0.025)
+
+
+def slow_gaps(p: WorkerPacing, t: float, n: int = 5) -> float:
+    """``n`` interactive 40 ms gaps on w0 from ``t``; returns the time after them."""
+    for _ in range(n):
+        t += 0.04
+        p.observe_gap("w0", t, 0.04, 1, interactive=True)
+    return t
+
+
+def test_decode_pacing_alone_counts_no_prefills() -> None:
+    """With prefill pacing off (the default) admissions are not counted as prefills, and
+    a slow gap while a prompt was just admitted still cuts the decode cap."""
+    p = WorkerPacing(DECODE_ONLY, None, PrefillRates())
+    assert not p.tracks_prefill
+    assert p.prefill_started("w0") is False
+    t = slow_gaps(p, 100.0)
+    p.update(t + 0.5, {})
+    state = p.state()["w0"]
+    assert state.prefill_duty is None
+    assert state.token_gap_s == pytest.approx(0.04)
+    assert state.background_cap < 8
+
+
+def test_prefill_pacing_counts_prompts_in_prefill() -> None:
+    """With prefill pacing on, a gap while a counted prompt is in prefill (or that overlapped
+    its end) is a stall: it cuts the duty, not the decode cap; once it ended well before the
+    gap, the gap is a decode step again."""
+    p = WorkerPacing(WITH_PREFILL, None, PrefillRates())
+    assert p.prefill_started("w0") is True
+    t = slow_gaps(p, 100.0)
+    p.prefill_ended("w0", t - 0.02)  # ended inside the last gap: that gap was a stall too
+    p.update(t + 0.5, {})
+    state = p.state()["w0"]
+    assert state.background_cap == 8
+    assert state.token_gap_s is None
+    assert state.prefill_duty == pytest.approx(0.7)
+    t = slow_gaps(p, t + 0.6)  # nothing in prefill now
+    p.update(t + 0.5, {})
+    assert p.state()["w0"].token_gap_s == pytest.approx(0.04)
+
+
+def test_charges_close_the_duty_only_for_paced_workers() -> None:
+    """Once stalls cut w0's duty, a background prompt charged to it closes w0 to
+    background until paid; w1, never paced, stays open and unchanged."""
+    p = WorkerPacing(WITH_PREFILL, None, PrefillRates())
+    snaps = [WorkerSnapshot("w0"), WorkerSnapshot("w1")]
+    assert not p.active
+    assert p.apply(snaps, 100.0) == snaps  # no pacer yet: snapshots unchanged
+    p.prefill_started("w0")
+    t = slow_gaps(p, 100.0)  # stalls: the duty falls to 0.7 at the interval
+    p.update(t + 0.5, {})
+    t += 0.5
+    p.charge("w1", t, 2000)  # w1 has no pacer: nothing owed
+    p.charge("w0", t, 2000)
+    w0, w1 = p.apply(snaps, t)
+    assert (w0.prefill_open, w1.prefill_open) == (False, True)
+    assert w0.background_cap == 8 and w1 == snaps[1]
+    seconds = 2000 / (0.7 * PrefillRates().rate("w0"))  # paid at the duty's share
+    assert not p.apply(snaps, t + 0.9 * seconds)[0].prefill_open
+    assert p.apply(snaps, t + 1.01 * seconds)[0].prefill_open
+
+
+def test_a_new_rule_restarts_the_pacers_and_stale_ends_are_harmless() -> None:
+    """A reload that turns prefill pacing on restarts the pacers; a prompt counted before a
+    reload that ends afterwards cannot drive a count below zero."""
+    p = WorkerPacing(WITH_PREFILL, None, PrefillRates())
+    p.prefill_started("w0")
+    slow_gaps(p, 100.0)
+    assert p.active
+    p.reconfigure(WITH_PREFILL, None)  # same settings: kept
+    assert p.active
+    p.reconfigure(DECODE_ONLY, 2)
+    assert not p.active and p.app_floor == 2
+    p.prefill_ended("w0", 101.0)
+    p.prefill_ended("w0", 101.0)  # more ends than starts
+    p.reconfigure(WITH_PREFILL, 2)
+    assert p.prefill_started("w0")
+    p.prefill_ended("w0", 102.0)
+    t = slow_gaps(p, 103.0)  # long after that end: decode steps
+    p.update(t + 0.5, {})
+    assert p.state()["w0"].token_gap_s == pytest.approx(0.04)
