@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -116,6 +117,17 @@ async def _read_stream(resp: aiohttp.ClientResponse, rec: RequestRecord, now: Cl
         rec.error = "stream ended without [DONE]"
 
 
+def queued_seconds(header: str | None) -> float | None:
+    """The gateway's x-hearthgate-queued-ms header in seconds (None: absent or not a number)."""
+    if header is None:
+        return None
+    try:
+        ms = float(header)
+    except ValueError:
+        return None
+    return ms / 1000 if math.isfinite(ms) and ms >= 0 else None
+
+
 async def execute(
     session: aiohttp.ClientSession,
     rec: RequestRecord,
@@ -143,6 +155,7 @@ async def execute(
         ) as resp:
             rec.status = resp.status
             rec.retry_after = resp.headers.get("Retry-After")
+            rec.queued_s = queued_seconds(resp.headers.get("x-hearthgate-queued-ms"))
             if resp.status >= 400:
                 rec.error = f"HTTP {resp.status}: {_error_text(await resp.read())}"
                 rec.end_s = round(now(), 6)

@@ -61,6 +61,10 @@ def _slo_text(slo: dict[str, Any]) -> str:
     return ", ".join(parts) or "completes"
 
 
+# Statistics only a gateway's answers carry (its x-hearthgate-queued-ms header).
+_GATEWAY_ONLY = frozenset({"gateway_queue_p99_s", "worker_ttft_p99_s"})
+
+
 def _side_by_side(summary: dict[str, Any]) -> list[str]:
     targets: dict[str, Any] = summary["targets"]
     names = list(targets)
@@ -70,6 +74,8 @@ def _side_by_side(summary: dict[str, Any]) -> list[str]:
         ("Attainment (good / measured)", "attainment", "pct"),
         ("TTFT p50 (ms)", "ttft_p50_s", "ms"),
         ("TTFT p99 (ms)", "ttft_p99_s", "ms"),
+        ("Gateway queue p99 (ms)", "gateway_queue_p99_s", "ms"),
+        ("TTFT p99 less the gateway queue (ms)", "worker_ttft_p99_s", "ms"),
         ("TPOT p50 (ms)", "tpot_p50_s", "ms"),
         ("Largest inter-token gap p99 (ms)", "max_gap_p99_s", "ms"),
         ("Output tokens/s (steady window)", "output_tokens_per_s", ""),
@@ -77,6 +83,10 @@ def _side_by_side(summary: dict[str, Any]) -> list[str]:
         ("Drain after arrivals end (s)", "drain_s", "s"),
     ]
     for title, key, kind in specs:
+        if key in _GATEWAY_ONLY and all(
+            t["classes"][c].get(key) is None for t in targets.values() for c in classes
+        ):
+            continue  # no gateway among the targets
         lines += [f"### {title}", ""]
         rows = []
         for c in classes:
@@ -87,7 +97,7 @@ def _side_by_side(summary: dict[str, Any]) -> list[str]:
                 if key is None:
                     row.append(f"{cs['completed']} / {cs['rejected']} / {cs['failed']}")
                 else:
-                    row.append(_fmt(cs[key], kind))
+                    row.append(_fmt(cs.get(key), kind))
             rows.append(row)
         lines += _table(["class", "SLO", *names], rows)
     inter = [

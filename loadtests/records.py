@@ -53,6 +53,9 @@ class RequestRecord:
     error: str | None = None
     retry_after: str | None = None
     outcome: Outcome = "failed"
+    # Through the gateway: how long it waited in the gateway's queue (its
+    # x-hearthgate-queued-ms header), so a first token's time splits into gateway and worker.
+    queued_s: float | None = None
 
     # -- derived timings (None when they do not apply)
 
@@ -87,6 +90,12 @@ class RequestRecord:
     def max_gap_s(self) -> float | None:
         g = self.gaps_s
         return max(g) if g else None
+
+    @property
+    def worker_ttft_s(self) -> float | None:
+        """The first token's time less the gateway queue (None without the header)."""
+        t = self.ttft_s
+        return None if t is None or self.queued_s is None else max(0.0, t - self.queued_s)
 
     @property
     def send_lag_s(self) -> float | None:

@@ -107,6 +107,8 @@ def class_summary(
     good = [r for r in measured if meets_slo(r, slo)]
     steady = duration_s - warmup_s
     ttft = [t for r in ok if (t := r.ttft_s) is not None]
+    queued = [q for r in ok if (q := r.queued_s) is not None]
+    worker_ttft = [t for r in ok if (t := r.worker_ttft_s) is not None]
     e2e = [t for r in ok if (t := r.e2e_s) is not None]
     tpot = [t for r in ok if (t := r.tpot_s) is not None]
     gaps = [g for r in ok for g in r.gaps_s]
@@ -125,6 +127,11 @@ def class_summary(
         "ttft_p50_s": _r(percentile(ttft, 50)),
         "ttft_p90_s": _r(percentile(ttft, 90)),
         "ttft_p99_s": _r(percentile(ttft, 99)),
+        # Through a gateway: its queue wait, and the first token's time without it.
+        "gateway_queue_p50_s": _r(percentile(queued, 50)),
+        "gateway_queue_p99_s": _r(percentile(queued, 99)),
+        "worker_ttft_p50_s": _r(percentile(worker_ttft, 50)),
+        "worker_ttft_p99_s": _r(percentile(worker_ttft, 99)),
         "tpot_p50_s": _r(percentile(tpot, 50)),
         "tpot_p99_s": _r(percentile(tpot, 99)),
         "itl_p50_s": _r(percentile(gaps, 50)),

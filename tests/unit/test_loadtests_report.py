@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from hearthgate.loadtests.client import queued_seconds
 from hearthgate.loadtests.records import RequestRecord, classify_status
 from hearthgate.loadtests.repeats import merge_runs
 from hearthgate.loadtests.report import class_summary, fairness, meets_slo, window_tokens
@@ -136,6 +137,29 @@ def test_class_summary_counts_and_attainment() -> None:
     # Output tokens inside [6, 20): 4 completed x 3 chunks; the warm-up one is outside.
     assert s["output_tokens_per_s"] == pytest.approx(12 / 14, abs=0.01)
     assert s["input_tokens_per_s"] == pytest.approx(400 / 14, abs=0.01)
+
+
+def test_gateway_queue_splits_the_first_token_time() -> None:
+    """Records that carry the gateway's queue wait report it, and the first token's time
+    without it; records without the header (vLLM alone) leave both None."""
+    waited = [rec(i, chunks=[10.0 + t, 10.02 + t]) for i, t in enumerate([0.1, 0.3, 0.5])]
+    for r, q in zip(waited, [0.0, 0.2, 0.45], strict=True):
+        r.queued_s = q
+    s = class_summary(waited, SLO, duration_s=20, warmup_s=0)
+    assert s["gateway_queue_p50_s"] == pytest.approx(0.2)
+    assert s["worker_ttft_p50_s"] == pytest.approx(0.1)  # 0.1, 0.1, 0.05
+    assert s["worker_ttft_p99_s"] == pytest.approx(0.1)
+    plain = class_summary([rec(9, chunks=[10.1, 10.12])], SLO, duration_s=20, warmup_s=0)
+    assert plain["gateway_queue_p50_s"] is None and plain["worker_ttft_p50_s"] is None
+
+
+def test_queued_header_parsing() -> None:
+    assert queued_seconds("250") == pytest.approx(0.25)
+    assert queued_seconds("0") == 0.0
+    assert queued_seconds(None) is None
+    assert queued_seconds("soon") is None
+    assert queued_seconds("-5") is None
+    assert queued_seconds("nan") is None
 
 
 def test_empty_class() -> None:
