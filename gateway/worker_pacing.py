@@ -32,7 +32,10 @@ class WorkerPacing:
         self._prefill_ended_at: dict[str, float] = {}
 
     def reconfigure(self, rule: PacingRule | None, app_floor: int | None) -> None:
-        """A new rule or floor restarts the pacers (from the rule's max cap)."""
+        """A new rule or floor restarts the pacers (from the rule's max cap). Prompts
+        admitted before a reload turned prefill pacing on were not counted: until they leave
+        prefill (a few intervals at most) their stalls count as decode gaps, the price of
+        not counting prefills on every admission while prefill pacing is off."""
         if rule != self.rule or app_floor != self.app_floor:
             self.rule = rule
             self.app_floor = app_floor
