@@ -122,7 +122,7 @@ class Ticket:
         estimate for an answer that does not stream, or the end), as pacing counts it."""
         if self._prefill_running:
             self._prefill_running = False
-            self._controller.paced.prefill_ended(self.worker, now)
+            self._controller.paced.prefill_ended(self.worker, now, not self.interactive)
 
     def _now(self) -> float:
         return self._controller.clock()
@@ -273,7 +273,7 @@ class AdmissionController:
             queued_behind=behind,
             interactive=interactive,
             ttft_s=self.scheduler.ttft_target(req.cls) if interactive else None,
-            _prefill_running=self.paced.prefill_started(worker),
+            _prefill_running=self.paced.prefill_started(worker, not interactive),
         )
 
     def _shed(self, rejection: Rejection, now: float) -> RateLimited:

@@ -28,8 +28,12 @@ class WorkerPacing:
         self.app_floor = app_floor  # None: no per-app pacing cap
         self._rates = rates
         self._pacers: dict[str, WorkerPacer] = {}
+        # Per worker, prompts in prefill and when one last ended: of every class, and of
+        # background classes alone (their stalls are the prefill duty's to answer).
         self._prefilling: dict[str, int] = {}
         self._prefill_ended_at: dict[str, float] = {}
+        self._bg_prefilling: dict[str, int] = {}
+        self._bg_prefill_ended_at: dict[str, float] = {}
 
     def reconfigure(self, rule: PacingRule | None, app_floor: int | None) -> None:
         """A new rule or floor restarts the pacers (from the rule's max cap). Prompts
@@ -48,22 +52,22 @@ class WorkerPacing:
 
     # ------------------------------------------------------------- request events
 
-    def prefill_started(self, worker: str) -> bool:
-        """A prompt was admitted to ``worker``. Returns whether it is counted, so that
-        only a counted prompt reports its end (``prefill_ended``)."""
+    def prefill_started(self, worker: str, background: bool = False) -> bool:
+        """A prompt was admitted to ``worker`` (``background``: of a non-interactive
+        class). Returns whether it is counted, so that only a counted prompt reports its
+        end (``prefill_ended``)."""
         if not self.tracks_prefill:
             return False
         self._prefilling[worker] = self._prefilling.get(worker, 0) + 1
+        if background:
+            self._bg_prefilling[worker] = self._bg_prefilling.get(worker, 0) + 1
         return True
 
-    def prefill_ended(self, worker: str, now: float) -> None:
+    def prefill_ended(self, worker: str, now: float, background: bool = False) -> None:
         """A counted prompt on ``worker`` is out of prefill."""
-        left = self._prefilling.get(worker, 1) - 1
-        if left > 0:
-            self._prefilling[worker] = left
-        else:
-            self._prefilling.pop(worker, None)
-        self._prefill_ended_at[worker] = now
+        _ended(self._prefilling, self._prefill_ended_at, worker, now)
+        if background:
+            _ended(self._bg_prefilling, self._bg_prefill_ended_at, worker, now)
 
     def observe_start(self, worker: str, now: float, seconds: float, ttft_s: float) -> None:
         """An interactive request's first token came ``seconds`` after it was sent to
@@ -80,11 +84,18 @@ class WorkerPacing:
         pacer = self._pacer(worker, now)
         if pacer is None:
             return
-        prefill = self.tracks_prefill and (
-            worker in self._prefilling
-            or self._prefill_ended_at.get(worker, -math.inf) > now - seconds
+        if not self.tracks_prefill:
+            pacer.observe(seconds, tokens, False, interactive)
+            return
+        since = now - seconds
+        prefill = (
+            worker in self._prefilling or self._prefill_ended_at.get(worker, -math.inf) > since
         )
-        pacer.observe(seconds, tokens, prefill, interactive)
+        background = prefill and (
+            worker in self._bg_prefilling
+            or self._bg_prefill_ended_at.get(worker, -math.inf) > since
+        )
+        pacer.observe(seconds, tokens, prefill, interactive, background)
 
     def charge(self, worker: str, now: float, prompt_tokens: int) -> None:
         """A background prompt was admitted to ``worker``: its prefill debt."""
@@ -135,3 +146,12 @@ class WorkerPacing:
             pacer = WorkerPacer(self.rule, now, self.app_floor)
             self._pacers[worker] = pacer
         return pacer
+
+
+def _ended(counts: dict[str, int], ended_at: dict[str, float], worker: str, now: float) -> None:
+    left = counts.get(worker, 1) - 1
+    if left > 0:
+        counts[worker] = left
+    else:
+        counts.pop(worker, None)
+    ended_at[worker] = now

@@ -41,7 +41,8 @@ The same gaps move a third cap, on the interactive sequences any one app may hav
 worker (``WorkerPacer``): an app flooding an interactive class is held to it, so the queue
 forms in the gateway, where fair sharing lets the other apps' requests go first, instead of
 in vLLM's own first-come-first-served queue. It is cut only once the background work has
-come down to its own floor: background gives way first.
+come down to its own floor: background gives way first. With prefill pacing on, gaps that a
+background prompt's prefill overlapped do not count for it (the duty answers those).
 
 Pure: the caller passes the time and the observations; no clock, no I/O.
 """
@@ -283,16 +284,24 @@ class WorkerPacer:
         return PacingState(self.cap, self.app_cap, self.last_gap_s, self.duty)
 
     def observe(
-        self, seconds: float, tokens: int, prefill: bool = False, interactive: bool = False
+        self,
+        seconds: float,
+        tokens: int,
+        prefill: bool = False,
+        interactive: bool = False,
+        background_prefill: bool = False,
     ) -> None:
         """A stream's ``tokens`` came ``seconds`` after its previous token; ``prefill``:
-        some prompt was in prefill on the worker during that time; ``interactive``: the
-        stream is of an interactive class."""
+        some prompt was in prefill on the worker during that time (``background_prefill``:
+        a background one); ``interactive``: the stream is of an interactive class."""
         if self._prefill is None or not prefill:
             self._background.observe(seconds, tokens)
         if self._prefill is not None and interactive:
             self._prefill.observe(seconds, tokens)
-        if self._apps is not None:
+        if self._apps is not None and (self._prefill is None or not background_prefill):
+            # With prefill pacing, a background prompt's stall is the duty's to answer: it
+            # cut the chat app's cap in RAG bursts and queued chat in the gateway (rag-burst
+            # x3: 65% on target). A flooding app's own prefills still count.
             self._apps.observe(seconds, tokens)
 
     def observe_start(self, seconds: float, ttft_s: float) -> None:

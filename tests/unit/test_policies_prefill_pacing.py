@@ -152,3 +152,30 @@ def test_apps_are_cut_only_once_background_prefill_gave_way_too() -> None:
     slow(p, 0.2, prefill=True, interactive=True)
     p.update(t + 0.5, background_in_flight=1, heaviest_app=12, rate=1000.0)
     assert p.app_cap == 10  # floor(12 x 0.85): now apps give way
+
+
+def test_background_prefill_stalls_never_cut_an_app_but_its_own_prefills_do() -> None:
+    """With prefill pacing, gaps a background prompt's prefill overlapped are the duty's to
+    answer: even with the duty at its floor they leave the per-app cap alone (a RAG burst
+    must not queue the chat app in the gateway). Gaps that only interactive prompts'
+    prefills overlapped (a flooding app's own) still cut it."""
+    rule = PacingRule(target_gap_s=0.015, interval_s=0.5, max_cap=16, prefill_gap_s=0.025)
+    p = WorkerPacer(rule, 0.0, app_min_cap=4)
+    t = 0.0
+    for _ in range(10):  # the duty falls to its floor; the app cap never moves
+        t += 0.5
+        slow(p, 0.2, prefill=True, interactive=True, background_prefill=True)
+        p.update(t, background_in_flight=1, heaviest_app=12, rate=1000.0)
+        assert p.app_cap == 16
+    assert p.duty == pytest.approx(0.1)
+    slow(p, 0.2, prefill=True, interactive=True)  # the flooding app's own prompts
+    p.update(t + 0.5, background_in_flight=1, heaviest_app=12, rate=1000.0)
+    assert p.app_cap == 10
+
+
+def test_without_prefill_pacing_every_gap_moves_the_app_cap() -> None:
+    rule = PacingRule(target_gap_s=0.015, interval_s=0.5, max_cap=16)
+    p = WorkerPacer(rule, 0.0, app_min_cap=4)
+    slow(p, 0.2, prefill=True, interactive=True, background_prefill=True)
+    p.update(0.5, background_in_flight=1, heaviest_app=12, rate=1000.0)
+    assert p.app_cap == 10

@@ -93,3 +93,33 @@ def test_a_new_rule_restarts_the_pacers_and_stale_ends_are_harmless() -> None:
     t = slow_gaps(p, 103.0)  # long after that end: decode steps
     p.update(t + 0.5, {})
     assert p.state()["w0"].token_gap_s == pytest.approx(0.04)
+
+
+class Recorder:
+    """Stands in for WorkerPacer: records what each observed gap was flagged as."""
+
+    def __init__(self, *args: object) -> None:
+        self.seen: list[tuple[bool, bool]] = []
+
+    def observe(
+        self, seconds: float, tokens: int, prefill: bool, interactive: bool, bg: bool = False
+    ) -> None:
+        self.seen.append((prefill, bg))
+
+
+def test_background_prefills_are_told_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gap is flagged as overlapping a prefill, and a background one, from the prompts
+    counted in prefill and from when the last of each ended."""
+    monkeypatch.setattr("hearthgate.gateway.worker_pacing.WorkerPacer", Recorder)
+    p = WorkerPacing(WITH_PREFILL, 4, PrefillRates())
+    p.prefill_started("w0", background=True)
+    p.observe_gap("w0", 100.0, 0.04, 1, interactive=True)  # RAG prompt in prefill
+    p.prefill_ended("w0", 100.01, background=True)
+    p.prefill_started("w0", background=False)
+    p.observe_gap("w0", 100.03, 0.04, 1, interactive=True)  # overlaps the RAG prompt's end
+    p.observe_gap("w0", 100.1, 0.04, 1, interactive=True)  # only the chat prompt
+    p.prefill_ended("w0", 100.11, background=False)
+    p.observe_gap("w0", 100.2, 0.04, 1, interactive=True)  # nothing in prefill
+    recorder = p._pacers["w0"]
+    assert isinstance(recorder, Recorder)
+    assert recorder.seen == [(True, True), (True, True), (True, False), (False, False)]
