@@ -70,6 +70,8 @@ STAT_KEYS = (
     "ttft_p99_s",
     "tpot_p50_s",
     "output_tokens_per_s",
+    "gateway_queue_p99_s",
+    "worker_ttft_p99_s",
 )
 
 
