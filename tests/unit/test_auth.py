@@ -105,7 +105,7 @@ def test_environment_override_of_the_host_is_checked_too(
 
 
 def test_shipped_settings_pass() -> None:
-    for name in ("settings.example.yaml", "settings.compose.yaml"):
+    for name in ("settings.example.yaml", "config/settings.yaml"):
         assert load_settings(REPO / "deploy" / name).exposure_problem() is None
 
 
@@ -292,7 +292,7 @@ def test_readme_shows_what_make_run_prints() -> None:
 
 def test_compose_hands_the_admin_key_to_the_gateway_and_prometheus() -> None:
     deploy = REPO / "deploy"
-    admin_env = load_settings(deploy / "settings.compose.yaml").auth.admin_key_env
+    admin_env = load_settings(deploy / "config" / "settings.yaml").auth.admin_key_env
     assert admin_env == "ADMIN_KEY"
     services = yaml.safe_load((deploy / "compose.yaml").read_text())["services"]
     assert admin_env in services["gateway"]["environment"]

@@ -87,7 +87,7 @@ def pyproject() -> dict[str, Any]:
 def compose_settings(monkeypatch: pytest.MonkeyPatch) -> Settings:
     for key in [k for k in os.environ if k.startswith("HEARTHGATE_")]:
         monkeypatch.delenv(key)
-    return load_settings(DEPLOY / "settings.compose.yaml")
+    return load_settings(DEPLOY / "config" / "settings.yaml")
 
 
 def flags(service: dict[str, Any]) -> dict[str, str]:
@@ -147,7 +147,7 @@ def test_start_order(services: dict[str, Any]) -> None:
 
 
 def test_gateway_settings_name_the_redis_service(services: dict[str, Any]) -> None:
-    cfg = yaml.safe_load((DEPLOY / "settings.compose.yaml").read_text())
+    cfg = yaml.safe_load((DEPLOY / "config" / "settings.yaml").read_text())
     url = urlsplit(cfg["redis"]["url"])
     assert url.scheme == "redis" and url.hostname == "redis" and url.port == 6379
     assert "redis" in services
@@ -215,6 +215,17 @@ def test_volumes_are_declared_and_mounted_files_exist(
     assert used == declared
 
 
+def test_the_gateway_mounts_its_settings_folder_not_a_file(services: dict[str, Any]) -> None:
+    """A single-file bind mount keeps the old file when an editor saves a new one (the
+    reload then sees nothing changed); the folder holds the settings and nothing else (the
+    keys stay in .env)."""
+    mounts = [m.split(":") for m in services["gateway"]["volumes"]]
+    assert [m[1] for m in mounts] == ["/etc/hearthgate"]
+    folder = DEPLOY / mounts[0][0]
+    assert folder.is_dir()
+    assert sorted(p.name for p in folder.iterdir()) == ["settings.yaml"]
+
+
 def test_monitoring_is_an_optional_profile(services: dict[str, Any]) -> None:
     for name in MONITORING:
         assert services[name]["profiles"] == ["monitoring"]
@@ -240,7 +251,7 @@ def test_prometheus_scrapes_the_gateway_and_both_workers(services: dict[str, Any
 def test_compose_settings_pass_hearthgate_check(
     compose_settings: Settings, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert hearthgate(["check", str(DEPLOY / "settings.compose.yaml")]) == 0
+    assert hearthgate(["check", str(DEPLOY / "config" / "settings.yaml")]) == 0
     assert "ok (2 workers: gen0, emb0)" in capsys.readouterr().out
     assert compose_settings.listen.host == "0.0.0.0"
 
@@ -376,7 +387,7 @@ def test_image_listens_on_all_interfaces_and_keeps_the_files_port(
     for key, value in env.items():
         if key.startswith("HEARTHGATE_"):
             monkeypatch.setenv(key, value)
-    settings = load_settings(DEPLOY / "settings.compose.yaml", listen={"port": 9000})
+    settings = load_settings(DEPLOY / "config" / "settings.yaml", listen={"port": 9000})
     assert (settings.listen.host, settings.listen.port) == ("0.0.0.0", 9000)
 
 

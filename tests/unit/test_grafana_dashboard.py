@@ -340,7 +340,7 @@ def gateway_series() -> dict[str, frozenset[str]]:
     with pytest.MonkeyPatch.context() as mp:
         for key in [k for k in os.environ if k.startswith("HEARTHGATE_")]:
             mp.delenv(key)
-        settings = load_settings(DEPLOY / "settings.compose.yaml")
+        settings = load_settings(DEPLOY / "config" / "settings.yaml")
         keys = [a.key_env for a in settings.apps] + [settings.auth.admin_key_env]
         for n, key in enumerate(k for k in keys if k):
             mp.setenv(key, f"grafana-dashboard-test-key-{n:02d}-" + "x" * 24)
