@@ -22,7 +22,6 @@ import subprocess
 import sys
 import threading
 import time
-import types
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -30,6 +29,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import yaml
+
+from hearthgate.deploy.child import ChildProcess
 
 _PR_SET_PDEATHSIG = 1
 
@@ -82,7 +83,7 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
             proc.wait(5)
 
 
-class GatewayProcess:
+class GatewayProcess(ChildProcess):
     """One ``python -m hearthgate.gateway.cli serve`` process listening on 127.0.0.1:``port``.
 
     ``settings`` is the settings mapping (its ``listen`` is replaced). The settings file and
@@ -118,14 +119,6 @@ class GatewayProcess:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
 
     def command(self) -> list[str]:
         return [
@@ -185,15 +178,3 @@ class GatewayProcess:
             self._log.close()
             self._log = None
         return code
-
-    def __enter__(self) -> GatewayProcess:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: types.TracebackType | None,
-    ) -> None:
-        self.stop()

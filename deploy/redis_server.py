@@ -26,11 +26,11 @@ import socket
 import subprocess
 import threading
 import time
-import types
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Literal, TypeAlias
 
+from hearthgate.deploy.child import ChildProcess
 from hearthgate.deploy.gateway_process import _child_setup, free_port, stop_process
 
 # Besides PATH: Debian's package installs /usr/bin/redis-server; a PATH without the sbin
@@ -139,7 +139,7 @@ def _tail(path: Path, lines: int = 20) -> str:
     return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
 
 
-class RedisServer:
+class RedisServer(ChildProcess):
     """One ``redis-server`` listening on 127.0.0.1:``port`` (default: a free port, kept
     across restarts), its files in ``data_dir``: the append-only file (``appendonlydir/``),
     the log (``redis.log``: the server's output, appended to across restarts) and a lock
@@ -175,14 +175,6 @@ class RedisServer:
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
 
     def command(self, *args: str | bytes | int) -> Reply:
         """Send one command (e.g. ``"SET", "k", "v"``) on a new connection; its reply."""
@@ -319,15 +311,3 @@ class RedisServer:
         """``stop()`` then ``start()``: same port, same data directory; its URL."""
         self._halt(kill=False)
         return self.start()
-
-    def __enter__(self) -> RedisServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: types.TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -40,12 +40,13 @@ import subprocess
 import sys
 import threading
 import time
-import types
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO, Literal, Self
+
+from hearthgate.deploy.child import ChildProcess
 
 Kind = Literal["gen", "embed"]
 
@@ -102,7 +103,7 @@ def _die_with_parent() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-class VllmWorker:
+class VllmWorker(ChildProcess):
     """One vLLM OpenAI-compatible server process, pinned to one CPU core.
 
     Defaults follow VLLM_CPU.md; ``extra_args`` are appended last, so they can also override
@@ -230,15 +231,6 @@ class VllmWorker:
 
     # ----- lifecycle -----
 
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    @property
-    def running(self) -> bool:
-        """True while the started server process has not exited."""
-        return self._proc is not None and self._proc.poll() is None
-
     def start(self) -> None:
         """Spawn the server (returns at once; see ``wait_ready``). No-op if already running."""
         with self._lock:
@@ -363,7 +355,7 @@ class VllmWorker:
             self._log.close()
             self._log = None
 
-    def __enter__(self) -> VllmWorker:
+    def __enter__(self) -> Self:
         self.start()
         try:
             self.wait_ready()
@@ -371,14 +363,6 @@ class VllmWorker:
             self.stop()
             raise
         return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: types.TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
