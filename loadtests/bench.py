@@ -15,6 +15,7 @@ import asyncio
 import datetime as dt
 import json
 import sys
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ from hearthgate.loadtests import plots
 from hearthgate.loadtests.calibrate import calibrate
 from hearthgate.loadtests.markdown import render
 from hearthgate.loadtests.prompts import Calibration
-from hearthgate.loadtests.records import read_records, read_samples, write_jsonl
+from hearthgate.loadtests.records import RequestRecord, read_records, read_samples, write_jsonl
 from hearthgate.loadtests.repeats import merge_runs
 from hearthgate.loadtests.report import summarize
 from hearthgate.loadtests.runner import Endpoints, Progress, RunResult, prime, run_workload
@@ -126,9 +127,25 @@ def run_one(
             result = await run_workload(scenario, reqs, endpoints, progress=update)
         finally:
             close()
+        line = failures_line(endpoints.name, result.records)
+        if line is not None:  # say why where it is seen: the summaries keep only counts
+            log(line)
         return TargetOutcome(endpoints, result, dict(info or {}), failures)
 
     return asyncio.run(go())
+
+
+def failures_line(target: str, records: list[RequestRecord]) -> str | None:
+    """How many requests failed (not shed) per flow, and the first one's error; None if
+    none did."""
+    failed = [r for r in records if r.outcome == "failed"]
+    if not failed:
+        return None
+    per_flow = ", ".join(f"{f} {n}" for f, n in sorted(Counter(r.flow for r in failed).items()))
+    return (
+        f"bench: {target}: {len(failed)} requests failed ({per_flow}), e.g. "
+        f"{failed[0].id}: {failed[0].error}"
+    )
 
 
 def scenario_block(scenario: Scenario, reqs: list[PlannedRequest]) -> dict[str, Any]:

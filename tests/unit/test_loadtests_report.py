@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from hearthgate.loadtests.bench import failures_line
 from hearthgate.loadtests.client import queued_seconds
 from hearthgate.loadtests.records import RequestRecord, classify_status
 from hearthgate.loadtests.repeats import merge_runs
@@ -309,3 +310,15 @@ def test_apps_sharing_a_class_get_their_own_numbers_merged_over_runs() -> None:
     # One app per class: no per-flow block.
     solo = RunResult("t", sc.name, light, [], "now", 60.0, 0.0)
     assert "flows" not in summarize(solo, sc)
+
+
+def test_failures_line_names_flows_and_the_first_error() -> None:
+    ok = rec(0, chunks=[10.1, 10.12])
+    shed = rec(1, outcome="rejected")
+    broken = [rec(i, outcome="failed", app=a) for i, a in [(2, "b"), (3, "a"), (4, "b")]]
+    for r in broken:
+        r.flow = f"chat/{r.app}"
+    assert failures_line("gw", [ok, shed]) is None  # shed requests are not failures
+    assert failures_line("gw", [ok, shed, *broken]) == (
+        "bench: gw: 3 requests failed (chat/a 1, chat/b 2), e.g. r2: x"
+    )
