@@ -385,11 +385,11 @@ class Pacing(_Strict):
     # speed (their duty), cut while the interactive streams' mean gap, prefill stalls
     # included, is above prefill_fraction x the smallest interactive itl_ms or an
     # interactive first token is late; the decode cap then counts only gaps no prefill
-    # overlapped. null (default): off, every gap moves the decode cap. Off because in RAG
-    # bursts at 2-3x it let chat miss its targets (65-95% on target where decode pacing
-    # alone kept 96-100%), though it gave home-mix x4 more background tokens (346-412 vs
-    # 251-346 tok/s) and RAG its first token in 0.1-0.2 s at home-mix x1 instead of
-    # 0.7-2.6 s (loadtests/results/prefill-pacing.md).
+    # overlapped. null (default): off, every gap moves the decode cap. It gives more
+    # background tokens and RAG faster first tokens, and since run 6 it holds 2-3x RAG
+    # bursts too; off until the chat UI beside a flooding app does as well as without it
+    # (p99 347 vs 125 ms in run 6) and the full matrix has run with it
+    # (loadtests/results/prefill-pacing.md).
     prefill_fraction: float | None = Field(None, gt=0, le=1)
     interval_ms: float = Field(500.0, gt=0)  # how often a worker's cap moves
     # The cap at start and its ceiling: 32 long-prompt sequences in flight gave 427 tok/s

@@ -117,8 +117,6 @@ class WorkerPacing:
 
     def apply(self, snaps: Sequence[WorkerSnapshot], now: float) -> list[WorkerSnapshot]:
         """``snaps`` with each paced worker's caps and whether its prefill duty is open."""
-        if not self._pacers:
-            return list(snaps)
         out = []
         for s in snaps:
             p = self._pacers.get(s.name)
