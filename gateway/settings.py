@@ -385,12 +385,11 @@ class Pacing(_Strict):
     # speed (their duty), cut while the interactive streams' mean gap, prefill stalls
     # included, is above prefill_fraction x the smallest interactive itl_ms or an
     # interactive first token is late; the decode cap then counts only gaps no prefill
-    # overlapped. null (default): off, every gap moves the decode cap. It gives more
-    # background tokens and RAG faster first tokens, and since run 6 it holds 2-3x RAG
-    # bursts too; off until the chat UI beside a flooding app does as well as without it
-    # (p99 347 vs 125 ms in run 6) and the full matrix has run with it
-    # (loadtests/results/prefill-pacing.md).
-    prefill_fraction: float | None = Field(None, gt=0, le=1)
+    # overlapped. null: off, every gap moves the decode cap. 0.5 (25 ms at a 50 ms itl):
+    # more background tokens, faster RAG first tokens and 2-3x RAG bursts held where decode
+    # pacing alone queued chat in the gateway (loadtests/results/prefill-pacing.md, run 6;
+    # 0.4 gave no more, runs 2-3), and the scenario matrix with it (results/matrix.md).
+    prefill_fraction: float | None = Field(0.5, gt=0, le=1)
     interval_ms: float = Field(500.0, gt=0)  # how often a worker's cap moves
     # The cap at start and its ceiling: 32 long-prompt sequences in flight gave 427 tok/s
     # where 64 gave 259 (pacing-tune.md, run 3).

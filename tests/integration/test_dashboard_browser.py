@@ -73,13 +73,14 @@ def _settings(upstream: str, **extra: Any) -> dict[str, Any]:
         for a, c in APPS.items()
     ]
     # Two requests at a time on the worker, so that more wait in their class queues; decode
-    # pacing aims above the upstream's gaps, so it leaves background requests both places.
+    # and prefill pacing aim above the upstream's gaps (prefill: 1.0 x voice's 50 ms itl),
+    # so they leave background requests both places.
     worker = {"name": "gpu0", "url": upstream, "models": ["m"], "limits": {"max_in_flight": 2}}
     return {
         "workers": [worker],
         "apps": apps,
         "health": {"interval_s": 0.2},
-        "scheduler": {"pacing": {"target_gap_ms": 100}},
+        "scheduler": {"pacing": {"target_gap_ms": 100, "prefill_fraction": 1.0}},
         **extra,
     }
 

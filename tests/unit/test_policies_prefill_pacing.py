@@ -179,3 +179,20 @@ def test_without_prefill_pacing_every_gap_moves_the_app_cap() -> None:
     slow(p, 0.2, prefill=True, interactive=True, background_prefill=True)
     p.update(0.5, background_in_flight=1, heaviest_app=12, rate=1000.0)
     assert p.app_cap == 10
+
+
+def test_with_no_background_on_the_worker_a_flooding_app_is_cut_at_once() -> None:
+    """With prefill pacing and no background work on the worker, nothing else can give
+    way: gaps between the app cap's target and the duty's looser one (here 20 ms: the duty
+    even grows) cut the flooding app without waiting for the duty to reach its floor."""
+    rule = PacingRule(target_gap_s=0.015, interval_s=0.5, max_cap=16, prefill_gap_s=0.025)
+    p = WorkerPacer(rule, 0.0, app_min_cap=4)
+    slow(p, 0.02, prefill=True, interactive=True)
+    p.update(0.5, background_in_flight=0, heaviest_app=12, rate=1000.0)
+    assert p.duty == pytest.approx(1.0)
+    assert p.app_cap == 10  # floor(12 x 0.85)
+    # One background sequence running: background must give way (duty at its floor) first.
+    q = WorkerPacer(rule, 0.0, app_min_cap=4)
+    slow(q, 0.02, prefill=True, interactive=True)
+    q.update(0.5, background_in_flight=1, heaviest_app=12, rate=1000.0)
+    assert q.app_cap == 16

@@ -22,14 +22,16 @@ def test_defaults_pace_background_and_apps() -> None:
     rule = pacing_rule(s)
     assert rule is not None
     assert rule.target_gap_s == pytest.approx(0.015)  # 0.3 x the chat class's 50 ms itl
-    assert rule.prefill_gap_s is None  # prefill pacing is opt-in
+    assert rule.prefill_gap_s == pytest.approx(0.025)  # prefill pacing: 0.5 x 50 ms
     assert app_pacing_floor(s) == 4
 
 
-def test_prefill_pacing_is_set_as_a_share_of_itl() -> None:
-    rule = pacing_rule(settings(prefill_fraction=0.5))
-    assert rule is not None and rule.prefill_gap_s == pytest.approx(0.025)  # 0.5 x 50 ms
+def test_prefill_pacing_is_set_as_a_share_of_itl_or_turned_off() -> None:
+    rule = pacing_rule(settings(prefill_fraction=0.4))
+    assert rule is not None and rule.prefill_gap_s == pytest.approx(0.02)  # 0.4 x 50 ms
     assert rule.target_gap_s == pytest.approx(0.015)
+    off = pacing_rule(settings(prefill_fraction=None))
+    assert off is not None and off.prefill_gap_s is None
     with pytest.raises(Exception, match="prefill_fraction"):
         settings(prefill_fraction=0)
 
