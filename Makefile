@@ -11,7 +11,7 @@ VLLM_VERSION := 0.32.0
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: help setup serve-deps redis-server chromium run run-split test lint typecheck unit e2e bench bench-overhead clean
+.PHONY: help setup serve-deps redis-server chromium docker-compose run run-split test lint typecheck unit e2e bench bench-overhead clean
 
 help:
 	@echo "make run    - set everything up, start vLLM workers and the gateway on :8080"
@@ -75,11 +75,27 @@ chromium:
 	    { echo "/usr/bin/chromium is still missing after apt-get install" >&2; exit 1; }; \
 	fi
 
+# docker-compose, for the check that the Compose file is valid (tests/unit/test_deploy_files.py):
+# `docker-compose config` reads and validates the file without a Docker engine. Checked on
+# every run like chromium and installed from Debian's package (Compose 1.x) when missing, so
+# that the check runs instead of being skipped on a machine without it.
+docker-compose:
+	@set -e; \
+	if ! command -v docker-compose >/dev/null 2>&1; then \
+	  echo "installing docker-compose (Debian package, to validate deploy/compose.yaml)"; \
+	  $(SUDO) apt-get update -qq; \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq --no-install-recommends docker-compose </dev/null; \
+	  command -v docker-compose >/dev/null 2>&1 || \
+	    { echo "docker-compose is still missing after apt-get install" >&2; exit 1; }; \
+	fi
+
 # What the gateway and its workers need (`make run`, the benchmarks); the tests need Chromium
-# on top, for the status page's browser tests, and only they install it.
+# and docker-compose on top, for the status page's browser tests and the Compose file's
+# check, and only they install them.
 serve-deps: $(VENV)/.stamp $(VLLM_VENV)/.stamp $(TINY_MODEL)/.stamp redis-server
 
-setup: serve-deps chromium
+setup: serve-deps chromium docker-compose
 
 # LAYOUT=split: a general worker (core 0), a long-prefill worker (core 1) and the embedding
 # worker (sharing core 1), from deploy/settings.split.yaml.
