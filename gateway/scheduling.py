@@ -78,6 +78,7 @@ def pacing_rule(settings: Settings) -> PacingRule | None:
         interval_s=p.interval_ms / 1000,
         max_cap=p.max_cap,
         prefill_gap_s=None if prefill_ms is None else prefill_ms / 1000,
+        flood_prefill=p.flood_prefill,
     )
 
 

@@ -401,6 +401,11 @@ class Pacing(_Strict):
     # The per-app cap never goes below this: 4 per app kept the chat UI's TTFT p99 at its
     # solo value beside a scraper flood (loadtests/results/noisy-flood-caps.md).
     app_min_cap: int = Field(4, ge=1)
+    # An app with at least app_min_cap interactive sequences on a worker floods it: it may
+    # have only this many prompts in prefill there at once, so a light app's prompt does
+    # not wait in vLLM's first-come-first-served queue behind all of its prompts; null: no
+    # limit. Only with per_app.
+    flood_prefill: int | None = Field(None, ge=1)
 
 
 class Shutdown(_Strict):

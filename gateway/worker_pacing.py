@@ -124,7 +124,17 @@ class WorkerPacing:
                 out.append(s)
                 continue
             is_open = p.prefill_open(now, self._rates.rate(s.name))
-            out.append(replace(s, background_cap=p.cap, app_cap=p.app_cap, prefill_open=is_open))
+            flood = None if self.app_floor is None else p.rule.flood_prefill
+            out.append(
+                replace(
+                    s,
+                    background_cap=p.cap,
+                    app_cap=p.app_cap,
+                    prefill_open=is_open,
+                    flood_at=None if flood is None else self.app_floor,
+                    flood_prefill=flood,
+                )
+            )
         return out
 
     @property

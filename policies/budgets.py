@@ -41,6 +41,10 @@ class WorkerUsage:
     interactive_in_flight: int = 0
     # Interactive sequences by app (only apps with some), for the per-app pacing cap.
     interactive_by_app: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    # Interactive requests in prefill by app (only apps with some), for the flood limit.
+    interactive_prefill_by_app: Mapping[str, int] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
 
     @property
     def heaviest_app(self) -> int:
@@ -59,6 +63,7 @@ class WorkerLoad:
         self._prefill_requests = 0
         self._interactive = 0
         self._by_app: dict[str, int] = {}  # interactive sequences by app
+        self._prefill_by_app: dict[str, int] = {}  # interactive requests in prefill by app
 
     def add(
         self,
@@ -78,13 +83,20 @@ class WorkerLoad:
             self._interactive += sequences
             if app is not None:
                 self._by_app[app] = self._by_app.get(app, 0) + sequences
+                self._prefill_by_app[app] = self._prefill_by_app.get(app, 0) + 1
 
-    def end_prefill(self, interactive: bool, prompt_tokens: int) -> None:
+    def end_prefill(self, interactive: bool, prompt_tokens: int, app: str | None = None) -> None:
         """The request's first token arrived (or it ended before one): release its tokens."""
         self._prefill -= prompt_tokens
         self._prefill_requests -= 1
         if interactive:
             self._prefill_interactive -= prompt_tokens
+            if app is not None:
+                left = self._prefill_by_app[app] - 1
+                if left:
+                    self._prefill_by_app[app] = left
+                else:
+                    del self._prefill_by_app[app]
 
     def remove(
         self, cls: str, interactive: bool = False, sequences: int = 1, app: str | None = None
@@ -115,6 +127,7 @@ class WorkerLoad:
             prefill_requests=self._prefill_requests,
             interactive_in_flight=self._interactive,
             interactive_by_app=MappingProxyType(dict(self._by_app)),
+            interactive_prefill_by_app=MappingProxyType(dict(self._prefill_by_app)),
         )
 
 
@@ -179,9 +192,20 @@ def check(
 
 def app_paced(worker: WorkerSnapshot, usage: WorkerUsage, app: str, sequences: int = 1) -> bool:
     """Whether ``app`` is at the worker's per-app pacing cap for interactive work: it has
-    some interactive sequences there and ``sequences`` more would pass the cap."""
-    cap = worker.app_cap
-    if cap is None:
-        return False
+    some interactive sequences there and ``sequences`` more would pass the cap; or it
+    floods the worker (``flood_at`` sequences or more) and has ``flood_prefill`` prompts
+    in prefill there already: vLLM prefills its waiting prompts first come first served,
+    so a light app's prompt would wait behind all of the flooding app's."""
     held = usage.interactive_by_app.get(app, 0)
-    return held > 0 and held + sequences > cap
+    if held == 0:
+        return False
+    cap = worker.app_cap
+    if cap is not None and held + sequences > cap:
+        return True
+    flood_at, limit = worker.flood_at, worker.flood_prefill
+    return (
+        flood_at is not None
+        and limit is not None
+        and held >= flood_at
+        and usage.interactive_prefill_by_app.get(app, 0) >= limit
+    )

@@ -69,6 +69,9 @@ class PacingRule:
     min_cap: int = 1
     max_cap: int = 64
     prefill_gap_s: float | None = None
+    # Prompts an app flooding a worker (at least the per-app cap's floor of interactive
+    # sequences there) may have in prefill at once; None: no limit (policies.budgets).
+    flood_prefill: int | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.target_gap_s) and self.target_gap_s > 0):
@@ -84,6 +87,8 @@ class PacingRule:
         gap = self.prefill_gap_s
         if gap is not None and not (math.isfinite(gap) and gap > 0):
             raise ValueError("prefill_gap_s must be > 0")
+        if self.flood_prefill is not None and self.flood_prefill < 1:
+            raise ValueError("flood_prefill must be >= 1")
 
 
 class DecodePacer:

@@ -424,7 +424,8 @@ class Scheduler:
 
     def _end_prefill(self, run: _Running) -> None:
         run.in_prefill = False
-        self._loads[run.worker].end_prefill(run.interactive, run.request.prompt_tokens)
+        req = run.request
+        self._loads[run.worker].end_prefill(run.interactive, req.prompt_tokens, req.tenant)
 
     # ------------------------------------------------------------------------ views
 

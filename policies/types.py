@@ -223,10 +223,15 @@ class WorkerSnapshot:
     # False while the worker's background prefill duty is used up (policies.pacing):
     # background prompts wait, interactive ones do not.
     prefill_open: bool = True
+    # An app with at least ``flood_at`` interactive sequences on the worker floods it and
+    # may have only ``flood_prefill`` prompts in prefill there (policies.budgets); None:
+    # no such limit.
+    flood_at: int | None = None
+    flood_prefill: int | None = None
 
     def __post_init__(self) -> None:
         _require(bool(self.name), "worker name must not be empty")
-        for cap in (self.background_cap, self.app_cap):
+        for cap in (self.background_cap, self.app_cap, self.flood_at, self.flood_prefill):
             _require(cap is None or cap >= 1, "pacing caps must be >= 1")
 
     @property

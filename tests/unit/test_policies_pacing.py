@@ -191,6 +191,47 @@ def test_app_cap_counts_each_apps_interactive_sequences() -> None:
     assert check(w, load.usage(), "chat", True, 10, app="scraper") is Verdict.FITS
 
 
+def test_a_flooding_app_may_have_only_its_limit_of_prompts_in_prefill() -> None:
+    """An app with ``flood_at`` interactive sequences or more on a worker waits while
+    ``flood_prefill`` of its prompts are in prefill there; a light app never does, nor the
+    flooding app once its prompt's first token came."""
+    load = WorkerLoad("w0")
+    for _ in range(4):
+        load.add("chat", True, 400, app="scraper")
+    for _ in range(3):
+        load.end_prefill(True, 400, app="scraper")
+    load.add("chat", True, 40, app="chatui")
+    u = load.usage()
+    assert dict(u.interactive_prefill_by_app) == {"scraper": 1, "chatui": 1}
+    w = replace(worker(), app_cap=16, flood_at=4, flood_prefill=1)
+    assert check(w, u, "chat", True, 400, app="scraper") is Verdict.APP_PACED
+    assert check(w, u, "chat", True, 40, app="chatui") is Verdict.FITS  # 1 sequence: light
+    for looser in (replace(w, flood_prefill=2), replace(w, flood_at=5), replace(w, flood_at=None)):
+        assert check(looser, u, "chat", True, 400, app="scraper") is Verdict.FITS
+    load.end_prefill(True, 400, app="scraper")
+    assert dict(load.usage().interactive_prefill_by_app) == {"chatui": 1}
+    assert check(w, load.usage(), "chat", True, 400, app="scraper") is Verdict.FITS
+    with pytest.raises(ValueError):
+        replace(worker(), flood_prefill=0)
+
+
+def test_the_scheduler_releases_a_flooding_apps_next_prompt_at_its_first_token() -> None:
+    sched = Scheduler(classes(ClassPolicy("chat", 1, interactive=True, fair_share="fcfs")))
+    for i in range(6):
+        sched.enqueue(req(f"s{i}", "chat", tenant="scraper", arrival=i), 0.0)
+    w = [replace(worker(), flood_at=2, flood_prefill=1)]
+    # Below flood_at the app is light: s0 and s1 go together; then one prompt at a time.
+    assert [a.request.id for a in sched.admit(1.0, w)] == ["s0", "s1"]
+    sched.on_first_token("s0", 1.1)
+    assert [a.request.id for a in sched.admit(1.1, w)] == []  # s1 still in prefill
+    sched.on_first_token("s1", 1.2)
+    assert [a.request.id for a in sched.admit(1.2, w)] == ["s2"]
+    sched.enqueue(req("c0", "chat", tenant="chatui", arrival=7), 1.3)
+    assert [a.request.id for a in sched.admit(1.3, w)] == ["c0"]
+    sched.on_finish("s2", None, None, 1.4)  # ended before its first token: released too
+    assert [a.request.id for a in sched.admit(1.4, w)] == ["s3"]
+
+
 def test_a_paced_app_first_in_line_does_not_hold_other_apps_of_its_class() -> None:
     """The paced app's queued request comes first (fcfs between apps here), yet the
     other app's later request is admitted; the paced one goes once its app is below the

@@ -36,6 +36,14 @@ def test_prefill_pacing_is_set_as_a_share_of_itl_or_turned_off() -> None:
         settings(prefill_fraction=0)
 
 
+def test_the_flood_prefill_limit_reaches_the_rule() -> None:
+    assert settings().scheduler.pacing.flood_prefill is None
+    rule = pacing_rule(settings(flood_prefill=2))
+    assert rule is not None and rule.flood_prefill == 2
+    with pytest.raises(Exception, match="flood_prefill"):
+        settings(flood_prefill=0)
+
+
 def test_per_app_off_keeps_background_pacing() -> None:
     s = settings(per_app=False)
     assert pacing_rule(s) is not None

@@ -22,7 +22,7 @@ def slow_gaps(p: WorkerPacing, t: float, n: int = 5) -> float:
 
 
 def test_decode_pacing_alone_counts_no_prefills() -> None:
-    """With prefill pacing off (the default) admissions are not counted as prefills, and
+    """With prefill pacing off admissions are not counted as prefills, and
     a slow gap while a prompt was just admitted still cuts the decode cap."""
     p = WorkerPacing(DECODE_ONLY, None, PrefillRates())
     assert not p.tracks_prefill
@@ -123,3 +123,16 @@ def test_background_prefills_are_told_apart(monkeypatch: pytest.MonkeyPatch) -> 
     recorder = p._pacers["w0"]
     assert isinstance(recorder, Recorder)
     assert recorder.seen == [(True, True), (True, True), (True, False), (False, False)]
+
+
+def test_snapshots_carry_the_flood_limit_only_with_per_app_pacing() -> None:
+    rule = PacingRule(target_gap_s=0.015, interval_s=0.5, max_cap=8, flood_prefill=1)
+    snaps = [WorkerSnapshot("w0")]
+    for floor, expected in ((4, (4, 1)), (None, (None, None))):
+        p = WorkerPacing(rule, floor, PrefillRates())
+        slow_gaps(p, 100.0)
+        (w0,) = p.apply(snaps, 101.0)
+        assert (w0.flood_at, w0.flood_prefill) == expected
+    p = WorkerPacing(DECODE_ONLY, 4, PrefillRates())
+    slow_gaps(p, 100.0)
+    assert p.apply(snaps, 101.0)[0].flood_prefill is None  # no limit set
