@@ -37,7 +37,8 @@ def test_prefill_pacing_is_set_as_a_share_of_itl_or_turned_off() -> None:
 
 
 def test_the_flood_prefill_limit_reaches_the_rule() -> None:
-    assert settings().scheduler.pacing.flood_prefill is None
+    assert settings().scheduler.pacing.flood_prefill == 1
+    assert pacing_rule(settings(flood_prefill=None)).flood_prefill is None  # type: ignore[union-attr]
     rule = pacing_rule(settings(flood_prefill=2))
     assert rule is not None and rule.flood_prefill == 2
     with pytest.raises(Exception, match="flood_prefill"):
