@@ -388,7 +388,7 @@ class Pacing(_Strict):
     # overlapped. null: off, every gap moves the decode cap. 0.5 (25 ms at a 50 ms itl):
     # more background tokens, faster RAG first tokens and 2-3x RAG bursts held where decode
     # pacing alone queued chat in the gateway (loadtests/results/prefill-pacing.md, run 6;
-    # 0.4 gave no more, runs 2-3), and the scenario matrix with it (results/matrix.md).
+    # 0.4 gave no more, runs 2-3).
     prefill_fraction: float | None = Field(0.5, gt=0, le=1)
     interval_ms: float = Field(500.0, gt=0)  # how often a worker's cap moves
     # The cap at start and its ceiling: 32 long-prompt sequences in flight gave 427 tok/s
