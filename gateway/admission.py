@@ -381,9 +381,10 @@ class AdmissionController:
         return self.paced.state()
 
     def snapshots(self, now: float | None = None) -> list[WorkerSnapshot]:
-        """The pool's worker snapshots with each paced worker's pacing caps."""
+        """The pool's worker snapshots with each paced worker's pacing caps and every
+        worker's flood limit."""
         snaps = self._snapshots()
-        if not self.paced.active:
+        if not self.paced.active and self.paced.flood is None:
             return list(snaps)
         return self.paced.apply(snaps, self.clock() if now is None else now)
 

@@ -404,7 +404,10 @@ class Pacing(_Strict):
     # An app with at least app_min_cap interactive sequences on a worker floods it: it may
     # have only this many prompts in prefill there at once, so a light app's prompt does
     # not wait in vLLM's first-come-first-served queue behind all of its prompts; null: no
-    # limit. Only with per_app. 1: beside a scraper flood the chat UI's TTFT p99 96-114 ms
+    # limit. Only with per_app. A prompt is in prefill until its first token or, sooner,
+    # early_prefill_release x its estimated prefill time, so this paces how fast the
+    # flooding app's prompts reach the worker rather than counting vLLM's own prefills.
+    # 1: beside a scraper flood the chat UI's TTFT p99 96-114 ms
     # where no limit gave 140-296 ms (loadtests/results/flood-1.md).
     flood_prefill: int | None = Field(1, ge=1)
 

@@ -3,9 +3,11 @@
 The admission controller owns one :class:`WorkerPacing`. It keeps a ``WorkerPacer`` per
 worker, feeds it the token gaps and first-token delays tickets report, moves the caps on
 the controller's tick, adds each worker's caps to its snapshot for the scheduler, and,
-with prefill pacing on, counts the prompts each worker has in prefill: a token gap that
-overlapped one is a prefill stall, not a decode step, and a background prompt admitted
-is a prefill debt. With prefill pacing off (the default) none of that counting runs.
+with prefill pacing on (the default), counts the prompts each worker has in prefill: a
+token gap that overlapped one is a prefill stall, not a decode step, and a background
+prompt admitted is a prefill debt. With prefill pacing off none of that counting runs.
+It also puts the flood limit (``PacingRule.flood_prefill``) on every worker's snapshot,
+paced yet or not.
 """
 
 from __future__ import annotations
@@ -36,14 +38,25 @@ class WorkerPacing:
         self._bg_prefill_ended_at: dict[str, float] = {}
 
     def reconfigure(self, rule: PacingRule | None, app_floor: int | None) -> None:
-        """A new rule or floor restarts the pacers (from the rule's max cap). Prompts
-        admitted before a reload turned prefill pacing on were not counted: until they leave
-        prefill (a few intervals at most) their stalls count as decode gaps, the price of
-        not counting prefills on every admission while prefill pacing is off."""
-        if rule != self.rule or app_floor != self.app_floor:
-            self.rule = rule
-            self.app_floor = app_floor
+        """A new rule or floor restarts the pacers (from the rule's max cap); a new flood
+        limit alone does not. Prompts admitted before a reload turned prefill pacing on were
+        not counted: until they leave prefill (a few intervals at most) their stalls count
+        as decode gaps, the price of not counting prefills on every admission while prefill
+        pacing is off."""
+        restart = _pacer_rule(rule) != _pacer_rule(self.rule) or app_floor != self.app_floor
+        self.rule = rule
+        self.app_floor = app_floor
+        if restart:
             self._pacers.clear()
+
+    @property
+    def flood(self) -> tuple[int, int] | None:
+        """The flood limit as (sequences that make an app a flood on a worker, its prompts
+        in prefill there), or None: off (no limit set, or no per-app pacing)."""
+        rule, floor = self.rule, self.app_floor
+        if rule is None or floor is None or rule.flood_prefill is None:
+            return None
+        return min(floor, rule.max_cap), rule.flood_prefill  # the app cap's own floor
 
     @property
     def tracks_prefill(self) -> bool:
@@ -116,23 +129,25 @@ class WorkerPacing:
                 pacer.update(now, u.in_flight - u.interactive_in_flight, u.heaviest_app, rate)
 
     def apply(self, snaps: Sequence[WorkerSnapshot], now: float) -> list[WorkerSnapshot]:
-        """``snaps`` with each paced worker's caps and whether its prefill duty is open."""
+        """``snaps`` with each paced worker's caps and whether its prefill duty is open, and
+        every worker's flood limit (before its first token too: a cold start's burst)."""
+        flood = self.flood
+        flood_at, flood_prefill = (None, None) if flood is None else flood
         out = []
         for s in snaps:
             p = self._pacers.get(s.name)
             if p is None:
-                out.append(s)
+                out.append(replace(s, flood_at=flood_at, flood_prefill=flood_prefill))
                 continue
             is_open = p.prefill_open(now, self._rates.rate(s.name))
-            flood = None if self.app_floor is None else p.rule.flood_prefill
             out.append(
                 replace(
                     s,
                     background_cap=p.cap,
                     app_cap=p.app_cap,
                     prefill_open=is_open,
-                    flood_at=None if flood is None else self.app_floor,
-                    flood_prefill=flood,
+                    flood_at=flood_at,
+                    flood_prefill=flood_prefill,
                 )
             )
         return out
@@ -163,3 +178,8 @@ def _ended(counts: dict[str, int], ended_at: dict[str, float], worker: str, now:
     else:
         counts.pop(worker, None)
     ended_at[worker] = now
+
+
+def _pacer_rule(rule: PacingRule | None) -> PacingRule | None:
+    """What the pacers run on: the rule without the flood limit (not theirs to apply)."""
+    return None if rule is None else replace(rule, flood_prefill=None)

@@ -85,8 +85,9 @@ class WorkerLoad:
                 self._by_app[app] = self._by_app.get(app, 0) + sequences
                 self._prefill_by_app[app] = self._prefill_by_app.get(app, 0) + 1
 
-    def end_prefill(self, interactive: bool, prompt_tokens: int, app: str | None = None) -> None:
-        """The request's first token arrived (or it ended before one): release its tokens."""
+    def end_prefill(self, interactive: bool, prompt_tokens: int, app: str | None) -> None:
+        """The request's first token arrived (or it ended before one): release its tokens.
+        ``app`` must be the one it was added with (its prompts in prefill are counted)."""
         self._prefill -= prompt_tokens
         self._prefill_requests -= 1
         if interactive:
@@ -150,7 +151,9 @@ def check(
     decode-pacing cap (``WorkerSnapshot.background_cap``) or while its prefill duty is
     used up (``prefill_open``); an interactive request waits
     while its app has as many interactive sequences there as the per-app pacing cap
-    (``WorkerSnapshot.app_cap``; an app with none there is always let in). The prefill
+    (``WorkerSnapshot.app_cap``; an app with none there is always let in) or while it
+    floods the worker and has its limit of prompts in prefill there (``flood_at``,
+    ``flood_prefill``: ``app_paced``). The prefill
     budget admits any request when nothing is in prefill (so a request larger than the
     budget goes alone);
     interactive requests may also always use the reserved prefill tokens not used by other

@@ -292,6 +292,38 @@ async def test_a_flooding_app_is_paced_while_a_light_app_of_its_class_passes() -
         t.finish(10, 5)
 
 
+async def test_a_flooding_apps_next_prompt_waits_for_its_prefill_from_a_cold_start() -> None:
+    """The flood limit holds before any token came back (no pacer yet): an app with
+    ``flood_at`` sequences on the worker sends its next prompt once its last one leaves
+    prefill (here at its first token); a light app's prompt goes at once."""
+    from hearthgate.policies.pacing import PacingRule
+
+    clock = Clock()
+    sched = Scheduler([ClassPolicy("chat", 1, interactive=True)])
+    snaps = [WorkerSnapshot("w0")]
+    rule = PacingRule(target_gap_s=0.02, interval_s=0.5, max_cap=8, flood_prefill=1)
+    ctl = AdmissionController(sched, lambda: snaps, clock=clock, pacing=rule, app_pacing_floor=2)
+    assert not ctl.paced.active
+    first = [
+        await ctl.admit(QueuedRequest(f"s{i}", "chat", "scraper", clock(), 1, 100, 50))
+        for i in range(2)
+    ]
+    waiter = asyncio.create_task(
+        ctl.admit(QueuedRequest("s2", "chat", "scraper", clock(), 1, 100, 50))
+    )
+    await queued(ctl, waiter)
+    assert not waiter.done()  # 2 sequences (a flood here), both prompts in prefill
+    light = await ctl.admit(QueuedRequest("c0", "chat", "chatui", clock(), 1, 10, 5))
+    assert light.worker == "w0"
+    first[0].first_token()
+    await asyncio.sleep(0)
+    assert not waiter.done()  # s1 is still in prefill
+    first[1].first_token()
+    (await asyncio.wait_for(waiter, 1.0)).finish(100, 50)
+    for t in [*first, light]:
+        t.finish(10, 5)
+
+
 async def test_background_gives_way_before_an_app_is_paced() -> None:
     """Slow gaps cut the background cap first; the per-app cap stays while background
     sequences above the floor still run."""

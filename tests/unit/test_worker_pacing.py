@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from hearthgate.gateway.worker_pacing import WorkerPacing
@@ -126,13 +128,29 @@ def test_background_prefills_are_told_apart(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_snapshots_carry_the_flood_limit_only_with_per_app_pacing() -> None:
+    """Every worker's snapshot carries the flood limit, before its first token too (a cold
+    start's burst), and only with per-app pacing; flood_at is the app cap's own floor."""
     rule = PacingRule(target_gap_s=0.015, interval_s=0.5, max_cap=8, flood_prefill=1)
-    snaps = [WorkerSnapshot("w0")]
-    for floor, expected in ((4, (4, 1)), (None, (None, None))):
+    snaps = [WorkerSnapshot("w0"), WorkerSnapshot("w1")]
+    for floor, expected in ((4, (4, 1)), (12, (8, 1)), (None, (None, None))):
         p = WorkerPacing(rule, floor, PrefillRates())
-        slow_gaps(p, 100.0)
-        (w0,) = p.apply(snaps, 101.0)
-        assert (w0.flood_at, w0.flood_prefill) == expected
+        slow_gaps(p, 100.0)  # w0 is paced from here, w1 never
+        for w in p.apply(snaps, 101.0):
+            assert (w.flood_at, w.flood_prefill) == expected
     p = WorkerPacing(DECODE_ONLY, 4, PrefillRates())
+    assert p.flood is None
     slow_gaps(p, 100.0)
     assert p.apply(snaps, 101.0)[0].flood_prefill is None  # no limit set
+
+
+def test_a_new_flood_limit_alone_keeps_the_pacers() -> None:
+    rule = PacingRule(target_gap_s=0.015, interval_s=0.5, max_cap=8, flood_prefill=1)
+    p = WorkerPacing(rule, 4, PrefillRates())
+    t = slow_gaps(p, 100.0)
+    p.update(t + 0.5, {})
+    cut = p.state()["w0"].background_cap
+    assert cut < 8
+    p.reconfigure(replace(rule, flood_prefill=2), 4)
+    assert p.state()["w0"].background_cap == cut and p.flood == (4, 2)
+    p.reconfigure(replace(rule, max_cap=16), 4)  # a pacing change restarts them
+    assert p.state() == {}
