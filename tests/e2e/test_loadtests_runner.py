@@ -130,12 +130,18 @@ def test_report_accounts_for_every_request(urls: tuple[str, str | None], tmp_pat
     # A lightly loaded worker completes everything.
     assert run["failed"] == 0 and run["rejected"] == 0, run["top_errors"]
 
+    # Open loop: requests leave on their schedule, not after earlier answers. Judged on the
+    # median: a starved generator on this shared 2-core box has sent a few requests 1.6-2.2 s
+    # late (CI, 2026-12-02; the bench warns about it), while a closed loop would make the
+    # typical request wait for the ones before it.
+    lags = sorted(r.sent_s - r.scheduled_s for r in records if r.sent_s is not None)
+    assert lags[len(lags) // 2] < 0.2, lags[len(lags) // 2 :]
+
     by_id = {p.id: p for p in planned}
     for r in records:
         p = by_id[r.id]
         assert r.sent_s is not None and r.end_s is not None and r.end_s >= r.sent_s
-        # Open loop: sent on time (slack for a busy shared machine, which stalls processes).
-        assert r.sent_s - r.scheduled_s < 1.5
+        assert r.sent_s >= r.scheduled_s - 0.01  # never before its time
         assert r.prompt_tokens is not None
         # Calibration against /tokenize (single-token words) makes prompt lengths near exact.
         assert abs(r.prompt_tokens - p.prompt_tokens) <= max(3, 0.03 * p.prompt_tokens), r.id
