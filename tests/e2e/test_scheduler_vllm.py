@@ -139,13 +139,22 @@ def test_chat_overtakes_a_burst_of_long_prompts(
 ) -> None:
     # Warm the worker up on both shapes first (new shapes compile on first use).
     asyncio.run(burst_then_chat(gen_worker_url))
-    direct = asyncio.run(burst_then_chat(gen_worker_url))
-    via = asyncio.run(burst_then_chat(sched_gateway, via_gateway=True))
-    print(
-        f"\nchat TTFT behind 10 long prompts: direct {direct * 1000:.0f} ms, "
-        f"through the gateway {via * 1000:.0f} ms"
-    )
-    assert via < direct / 2, (direct, via)
+    # Up to two tries, each measuring both paths back to back: on this shared 2-core box a
+    # starved gateway process has lost the ratio once in a while (CI, 2026-12-02: 1.6 s
+    # through the gateway against 0.4 s direct, then a pass when rerun). A gateway that
+    # does not put chat first fails both.
+    tries = []
+    for _ in range(2):
+        direct = asyncio.run(burst_then_chat(gen_worker_url))
+        via = asyncio.run(burst_then_chat(sched_gateway, via_gateway=True))
+        tries.append((direct, via))
+        print(
+            f"\nchat TTFT behind 10 long prompts: direct {direct * 1000:.0f} ms, "
+            f"through the gateway {via * 1000:.0f} ms"
+        )
+        if via < direct / 2:
+            break
+    assert via < direct / 2, tries
 
 
 def test_full_queue_answers_429_with_retry_after(workers: Workers) -> None:
