@@ -66,11 +66,13 @@ def run_matrix(
     order: Literal["round-major", "target-major"] = "round-major",
     launcher_factory: Callable[..., Launcher] = Launcher,
     log: bench.Log = bench.stderr_log,
+    on_cell: Callable[[list[Cell], Calibration], None] | None = None,
 ) -> tuple[Calibration, dict[str, list[PlannedRequest]], list[Cell]]:
     """Run every (point, target, round). round-major: for each round, each target, each point
     (compare: targets interleaved). target-major: for each target, each round, each point
     (sweep: a target's workers start once). The prompt calibration is measured once, on the
-    first target brought up, and shared, so every target gets identical requests."""
+    first target brought up, and shared, so every target gets identical requests. on_cell sees
+    the cells so far after each run (a long matrix can save what it has)."""
     first = points[0][1]
     need_embed = any(f.endpoint == "embeddings" for _, sc in points for f in sc.flows)
     cal: Calibration | None = None
@@ -117,6 +119,8 @@ def run_matrix(
                 )
                 fresh = False
                 cells.append(Cell(label, spec.name, rnd, outcome))
+                if on_cell is not None:
+                    on_cell(cells, cal)
         os.sched_setaffinity(0, everywhere)
     assert cal is not None
     return cal, plans, cells

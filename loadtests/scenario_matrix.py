@@ -34,7 +34,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hearthgate.loadtests import bench
 from hearthgate.loadtests.markdown import _fmt, _table
-from hearthgate.loadtests.matrix import Options, run_matrix
+from hearthgate.loadtests.matrix import Cell, Options, run_matrix
+from hearthgate.loadtests.prompts import Calibration
 from hearthgate.loadtests.scenario import Scenario, ScenarioError, load_scenario
 from hearthgate.loadtests.sweep import point_stats
 
@@ -343,14 +344,29 @@ def run_matrix_command(args: argparse.Namespace) -> int:
         mf = MatrixFile(points=[p for p in mf.points if p.name in keep])
     tf = _targets_for(args)
     opts: Options = _options(args)
-    cal, _, cells = run_matrix(scenarios, tf, opts, rounds=args.repeat, order="round-major")
-    per_cell: dict[tuple[str, str], list[bench.TargetOutcome]] = {}
-    for cell in cells:
-        per_cell.setdefault((cell.point, cell.target), []).append(cell.outcome)
-    summary = matrix_summary(mf, scenarios, per_cell, cal.to_json(), args.repeat)
     args.out.mkdir(parents=True, exist_ok=True)
     tag = args.tag or "matrix"
+    per_round = len(scenarios) * len(tf.targets)
+    partial = args.out / f"{tag}.partial.summary.json"
+
+    def summarise(cells: list[Cell], cal: Calibration, rounds: int) -> dict[str, Any]:
+        per_cell: dict[tuple[str, str], list[bench.TargetOutcome]] = {}
+        for cell in cells:
+            per_cell.setdefault((cell.point, cell.target), []).append(cell.outcome)
+        return matrix_summary(mf, scenarios, per_cell, cal.to_json(), rounds)
+
+    def save_round(cells: list[Cell], cal: Calibration) -> None:
+        # A whole round done: keep the medians so far, should the run be cut short.
+        if len(cells) % per_round == 0:
+            done = summarise(cells, cal, len(cells) // per_round)
+            partial.write_text(json.dumps(done, indent=1) + "\n")
+
+    cal, _, cells = run_matrix(
+        scenarios, tf, opts, rounds=args.repeat, order="round-major", on_cell=save_round
+    )
+    summary = summarise(cells, cal, args.repeat)
     (args.out / f"{tag}.summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    partial.unlink(missing_ok=True)
     md = render_markdown(summary)
     (args.out / f"{tag}.md").write_text(md)
     print(md)
