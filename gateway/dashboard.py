@@ -326,6 +326,8 @@ _JS = r"""
         if (w.pacing.prefill_duty !== null && w.pacing.prefill_duty !== undefined)
           bits.push("prefill duty " + pct(w.pacing.prefill_duty));
       }
+      if (w.flooding_apps && w.flooding_apps.length)
+        bits.push("flood limit on " + w.flooding_apps.join(", "));
       bits.push("served " + num(w.served));
       var info = el("span", "small", bits.join(" · "));
       info.dataset.role = "stats";

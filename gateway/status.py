@@ -11,6 +11,7 @@ from hearthgate.gateway.admission import AdmissionController
 from hearthgate.gateway.lease import LeaseBook
 from hearthgate.gateway.metrics import GatewayMetrics, percentile
 from hearthgate.gateway.workers import WorkerPool
+from hearthgate.policies.budgets import flooding_apps
 from hearthgate.policies.scheduler import Scheduler
 
 
@@ -39,11 +40,14 @@ def render_status(
         recent[route]["e2e_p99_s"] = percentile(values, 99)
     usage = scheduler.worker_usage()
     pacing = admission.pacing_state()
+    flood = admission.paced.flood
+    flood_at = None if flood is None else flood[0]
     workers = pool.status()
     for w in workers:
         u = usage.get(str(w["name"]))
         w["admitted"] = 0 if u is None else u.in_flight
         w["prefill_tokens"] = 0 if u is None else u.prefill_tokens
+        w["flooding_apps"] = [] if u is None else flooding_apps(u, flood_at)
         paced = pacing.get(str(w["name"]))
         if paced is not None:
             gap = paced.token_gap_s

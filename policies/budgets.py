@@ -52,6 +52,15 @@ class WorkerUsage:
         return max(self.interactive_by_app.values(), default=0)
 
 
+def _take(counts: dict[str, int], key: str, n: int) -> None:
+    """Count ``n`` fewer under ``key``; a key that reaches zero is dropped."""
+    left = counts[key] - n
+    if left:
+        counts[key] = left
+    else:
+        del counts[key]
+
+
 class WorkerLoad:
     """Mutable in-flight bookkeeping of one worker (owned by the scheduler)."""
 
@@ -93,11 +102,7 @@ class WorkerLoad:
         if interactive:
             self._prefill_interactive -= prompt_tokens
             if app is not None:
-                left = self._prefill_by_app[app] - 1
-                if left:
-                    self._prefill_by_app[app] = left
-                else:
-                    del self._prefill_by_app[app]
+                _take(self._prefill_by_app, app, 1)
 
     def remove(
         self, cls: str, interactive: bool = False, sequences: int = 1, app: str | None = None
@@ -106,16 +111,8 @@ class WorkerLoad:
         if interactive:
             self._interactive -= sequences
             if app is not None:
-                held = self._by_app[app] - sequences
-                if held:
-                    self._by_app[app] = held
-                else:
-                    del self._by_app[app]
-        left = self._by_class[cls] - sequences
-        if left:
-            self._by_class[cls] = left
-        else:
-            del self._by_class[cls]
+                _take(self._by_app, app, sequences)
+        _take(self._by_class, cls, sequences)
 
     def usage(self) -> WorkerUsage:
         """A frozen view of the current bookkeeping."""
@@ -212,3 +209,11 @@ def app_paced(worker: WorkerSnapshot, usage: WorkerUsage, app: str, sequences: i
         and held >= flood_at
         and usage.interactive_prefill_by_app.get(app, 0) >= limit
     )
+
+
+def flooding_apps(usage: WorkerUsage, flood_at: int | None) -> list[str]:
+    """The apps that flood this worker (``flood_at`` interactive sequences or more there):
+    the flood limit holds their prompts in prefill (None: the limit is off)."""
+    if flood_at is None:
+        return []
+    return sorted(app for app, held in usage.interactive_by_app.items() if held >= flood_at)

@@ -111,6 +111,7 @@ async def test_status_has_what_the_page_reads() -> None:
     assert got["queues"]["batch"]["ttft_target_s"] is None
     assert got["slo"] == {} and got["app_tokens"] == {}
     assert {"name", "up", "in_flight", "role", "served"} <= set(got["workers"][0])
+    assert got["workers"][0]["flooding_apps"] == []
     assert got["batches"]["enabled"] is False
 
 

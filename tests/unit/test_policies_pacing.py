@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hearthgate.policies import ClassPolicy, Scheduler
-from hearthgate.policies.budgets import Verdict, WorkerLoad, check
+from hearthgate.policies.budgets import Verdict, WorkerLoad, check, flooding_apps
 from hearthgate.policies.pacing import DecodePacer, PacingRule, WorkerPacer
 from tests.unit.test_policies_support import CLASSES, classes, req, worker
 
@@ -208,6 +208,8 @@ def test_a_flooding_app_may_have_only_its_limit_of_prompts_in_prefill() -> None:
     assert check(w, u, "chat", True, 40, app="chatui") is Verdict.FITS  # 1 sequence: light
     for looser in (replace(w, flood_prefill=2), replace(w, flood_at=5), replace(w, flood_at=None)):
         assert check(looser, u, "chat", True, 400, app="scraper") is Verdict.FITS
+    assert flooding_apps(u, 4) == ["scraper"]  # what /status and the page show
+    assert flooding_apps(u, 1) == ["chatui", "scraper"] and flooding_apps(u, None) == []
     load.end_prefill(True, 400, app="scraper")
     assert dict(load.usage().interactive_prefill_by_app) == {"chatui": 1}
     assert check(w, load.usage(), "chat", True, 400, app="scraper") is Verdict.FITS
