@@ -23,7 +23,8 @@ from starlette.types import Receive, Scope, Send
 from hearthgate.gateway import inprocess
 from hearthgate.gateway.admission import AdmissionController
 from hearthgate.gateway.classify import ANONYMOUS, CLASS_HEADER, Classification, Classifier
-from hearthgate.gateway.coalesce import Coalescer, client_upstream, mergeable, window_policies
+from hearthgate.gateway.coalesce import Coalescer, client_upstream, window_policies
+from hearthgate.gateway.embed_batch import mergeable
 from hearthgate.gateway.errors import (
     ClientGone,
     GatewayError,

@@ -12,15 +12,8 @@ from typing import Any
 
 import pytest
 
-from hearthgate.gateway.coalesce import (
-    Answer,
-    Coalescer,
-    Plan,
-    apportion,
-    input_items,
-    mergeable,
-    split_answer,
-)
+from hearthgate.gateway.coalesce import Answer, Coalescer
+from hearthgate.gateway.embed_batch import Plan, apportion, input_items, mergeable, split_answer
 from hearthgate.gateway.errors import BadRequest, UpstreamFailed
 from hearthgate.gateway.metrics import GatewayMetrics
 from hearthgate.gateway.parse import parse_body
