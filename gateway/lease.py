@@ -39,7 +39,8 @@ from hearthgate.gateway.upstream import UpstreamResponse
 from hearthgate.policies.types import QueuedRequest
 
 if TYPE_CHECKING:
-    from hearthgate.gateway.admission import AdmissionController, Ticket
+    from hearthgate.gateway.admission import AdmissionController
+    from hearthgate.gateway.ticket import Ticket
     from hearthgate.gateway.workers import WorkerPool, WorkerState
 
 log = logging.getLogger("hearthgate.lease")

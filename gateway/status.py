@@ -40,8 +40,7 @@ def render_status(
         recent[route]["e2e_p99_s"] = percentile(values, 99)
     usage = scheduler.worker_usage()
     pacing = admission.pacing_state()
-    flood = admission.paced.flood
-    flood_at = None if flood is None else flood[0]
+    flood_at = admission.flood_at
     workers = pool.status()
     for w in workers:
         u = usage.get(str(w["name"]))

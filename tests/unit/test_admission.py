@@ -6,8 +6,9 @@ import asyncio
 
 import pytest
 
-from hearthgate.gateway.admission import AdmissionController, Ticket
+from hearthgate.gateway.admission import AdmissionController
 from hearthgate.gateway.errors import ClientGone, NoWorkerAvailable, RateLimited
+from hearthgate.gateway.ticket import Ticket
 from hearthgate.policies.estimators import DrainRate
 from hearthgate.policies.scheduler import Scheduler
 from hearthgate.policies.types import ClassPolicy, QueuedRequest, WorkerBudget, WorkerSnapshot
