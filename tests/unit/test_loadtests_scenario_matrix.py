@@ -197,3 +197,84 @@ def test_the_gateway_gets_the_keys_of_every_points_apps() -> None:
         for name, app in sc.apps.items():
             assert app.key_env is not None and env[app.key_env] == app.resolve_key(name)
     assert "SCRAPER_KEY" in env and "NOTES_KEY" in env  # noisy's and home-mix's
+
+
+def run_cut_short(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail_at: int | None
+) -> tuple[Path, list[bool]]:
+    """`bench matrix` over two points and the shipped targets for two rounds, with a fake
+    run in place of the real one that fails before its ``fail_at``-th cell (None: never).
+    Returns the output folder and, after each cell, whether the partial summary existed."""
+    import hearthgate.loadtests.scenario_matrix as sm
+    from hearthgate.loadtests.matrix import Cell
+    from hearthgate.loadtests.prompts import Calibration
+
+    partial = tmp_path / "matrix.partial.summary.json"
+    seen: list[bool] = []
+
+    def fake_summary(mf: Any, scenarios: Any, per_cell: Any, cal: Any, rounds: int) -> Any:
+        runs = sorted([p, t, len(outs)] for (p, t), outs in per_cell.items())
+        return {"rounds": rounds, "runs": runs, "all_hold": False}
+
+    def fake_run_matrix(scenarios: Any, tf: Any, opts: Any, *, rounds: int, **kw: Any) -> Any:
+        cells: list[Cell] = []
+        for rnd in range(rounds):
+            for t in tf.targets:
+                for label, _ in scenarios:
+                    if len(cells) == fail_at:
+                        raise RuntimeError("the box went away")
+                    cells.append(Cell(label, t.name, rnd, outcome=None))  # type: ignore[arg-type]
+                    kw["on_cell"](cells, Calibration())
+                    seen.append(partial.exists())
+        return Calibration(), {}, cells
+
+    monkeypatch.setattr(sm, "matrix_summary", fake_summary)
+    monkeypatch.setattr(sm, "run_matrix", fake_run_matrix)
+    monkeypatch.setattr(sm, "render_markdown", lambda summary: "table\n")
+    args = build_parser().parse_args(
+        [
+            "matrix",
+            str(SHIPPED),
+            "--targets",
+            str(REPO / "loadtests" / "targets" / "matrix.yaml"),
+            "--only-points",
+            "home-mix x1,embed-backlog",
+            "--repeat",
+            "2",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    if fail_at is None:
+        assert sm.run_matrix_command(args) == 1  # the fake summary holds nothing
+    else:
+        with pytest.raises(RuntimeError, match="went away"):
+            sm.run_matrix_command(args)
+    return tmp_path, seen
+
+
+def test_a_matrix_cut_short_keeps_the_medians_of_every_finished_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    per_round = 2 * 3  # two points, three targets
+    out, seen = run_cut_short(tmp_path, monkeypatch, fail_at=per_round + 1)
+    # Nothing is written mid-round; the first whole round is, and stays after the failure.
+    assert seen == [False] * (per_round - 1) + [True, True]
+    saved = json.loads((out / "matrix.partial.summary.json").read_text())
+    assert saved["rounds"] == 1
+    assert len(saved["runs"]) == per_round and all(n == 1 for _, _, n in saved["runs"])
+    assert not (out / "matrix.summary.json").exists()
+
+
+def test_a_finished_matrix_replaces_its_partial_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    out, _ = run_cut_short(tmp_path, monkeypatch, fail_at=None)
+    assert not (out / "matrix.partial.summary.json").exists()
+    done = json.loads((out / "matrix.summary.json").read_text())
+    assert done["rounds"] == 2 and all(n == 2 for _, _, n in done["runs"])
+    assert (out / "matrix.md").read_text() == "table\n"
