@@ -20,9 +20,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from hearthgate.gateway import inprocess
+from hearthgate.gateway import accounting, inprocess
 from hearthgate.gateway.admission import AdmissionController
-from hearthgate.gateway.classify import ANONYMOUS, CLASS_HEADER, Classification, Classifier
+from hearthgate.gateway.classify import CLASS_HEADER, Classification, Classifier
 from hearthgate.gateway.coalesce import Coalescer, client_upstream, window_policies
 from hearthgate.gateway.embed_batch import mergeable
 from hearthgate.gateway.errors import (
@@ -39,9 +39,12 @@ from hearthgate.gateway.metrics import GatewayMetrics, SchedulerCollector, Worke
 from hearthgate.gateway.parse import ParsedRequest, parse_body, read_body
 from hearthgate.gateway.proxy import AnswerBroke, Proxy, Result
 from hearthgate.gateway.scheduling import (
+    app_names,
     app_pacing_floor,
+    app_queue_caps,
     build_scheduler,
     class_policy,
+    embed_activity,
     pacing_rule,
     routing_policy,
     tenant_policies,
@@ -61,14 +64,6 @@ ROUTES = {
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
 }
-
-
-def app_names(settings: Settings) -> list[str]:
-    return [a.name for a in settings.apps] + [ANONYMOUS]
-
-
-def app_queue_caps(settings: Settings) -> dict[str, int]:
-    return {a.name: a.max_queued for a in settings.apps if a.max_queued}
 
 
 class Gateway:
@@ -419,47 +414,11 @@ class Gateway:
             )
 
     def _embed_activity(self, worker: str) -> tuple[int, bool]:
-        """For the batching window: requests admitted to ``worker`` and not finished, and
-        whether interactive work is queued or in its prefill on any worker (they share the
-        machine's accelerator, so background batches make way for it)."""
-        usage = self.scheduler.worker_usage()
-        admitted = usage[worker].in_flight if worker in usage else 0
-        interactive = any(u.interactive_prefill_tokens > 0 for u in usage.values())
-        if not interactive:
-            classes = self.scheduler.classes
-            interactive = any(
-                st.depth > 0 and classes[name].interactive
-                for name, st in self.scheduler.queue_stats().items()
-            )
-        return admitted, interactive
+        return embed_activity(self.scheduler, worker)
 
     def _record(self, route: str, model: str, c: Classification, result: Result) -> None:
-        m = self.metrics
-        m.count(route, model, result.status)
         cls = self.settings.classes[c.cls]
-        app = m.app_label(c.app)
-        totals = self.app_tokens.setdefault(c.app, [0, 0])
-        if result.prompt_tokens:
-            m.class_tokens.labels(c.cls, app, "prompt").inc(result.prompt_tokens)
-            totals[0] += result.prompt_tokens
-        if result.completion_tokens:
-            m.class_tokens.labels(c.cls, app, "completion").inc(result.completion_tokens)
-            totals[1] += result.completion_tokens
-        m.tokens(model, result.prompt_tokens or 0, result.completion_tokens or 0)
-        if result.e2e_s is not None:
-            m.observe_e2e(route, model, result.e2e_s)
-        if result.ttft_s is None:
-            return
-        m.observe_ttft(route, model, result.ttft_s)
-        m.observe_gaps(route, model, result.gaps)
-        m.class_ttft.labels(c.cls).observe(result.ttft_s)
-        if not result.completed:
-            return
-        ttft_ok = cls.ttft_ms is None or result.ttft_s * 1000 <= cls.ttft_ms
-        mean_gap = sum(result.gaps) / len(result.gaps) if result.gaps else 0.0
-        itl_ok = cls.itl_ms is None or mean_gap * 1000 <= cls.itl_ms
-        for target, ok in (("ttft", ttft_ok), ("itl", itl_ok), ("both", ttft_ok and itl_ok)):
-            m.slo.labels(c.cls, target, "met" if ok else "missed").inc()
+        accounting.record(self.metrics, self.app_tokens, route, model, c.cls, cls, c.app, result)
 
     async def call(
         self, route: str, body: bytes, on_behalf: OnBehalf, stop: asyncio.Event

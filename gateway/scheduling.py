@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hearthgate.gateway.classify import ANONYMOUS
 from hearthgate.gateway.settings import RequestClass, Settings, WorkerLimits
 from hearthgate.policies.pacing import PacingRule
 from hearthgate.policies.routing import RoutingPolicy, RoutingWeights
@@ -88,3 +89,28 @@ def app_pacing_floor(settings: Settings) -> int | None:
     if not p.per_app or settings.pacing_gap_ms() is None:
         return None
     return p.app_min_cap
+
+
+def app_names(settings: Settings) -> list[str]:
+    """Every app the metrics and the scheduler know, the anonymous one included."""
+    return [a.name for a in settings.apps] + [ANONYMOUS]
+
+
+def app_queue_caps(settings: Settings) -> dict[str, int]:
+    return {a.name: a.max_queued for a in settings.apps if a.max_queued}
+
+
+def embed_activity(scheduler: Scheduler, worker: str) -> tuple[int, bool]:
+    """For the embeddings batching window: requests admitted to ``worker`` and not
+    finished, and whether interactive work is queued or in its prefill on any worker (they
+    share the machine's accelerator, so background batches make way for it)."""
+    usage = scheduler.worker_usage()
+    admitted = usage[worker].in_flight if worker in usage else 0
+    interactive = any(u.interactive_prefill_tokens > 0 for u in usage.values())
+    if not interactive:
+        classes = scheduler.classes
+        interactive = any(
+            st.depth > 0 and classes[name].interactive
+            for name, st in scheduler.queue_stats().items()
+        )
+    return admitted, interactive
