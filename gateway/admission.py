@@ -29,7 +29,7 @@ from hearthgate.gateway.errors import (
 from hearthgate.gateway.ticket import Ticket
 from hearthgate.gateway.worker_pacing import WorkerPacing
 from hearthgate.policies.estimators import DrainRate, PrefillRates
-from hearthgate.policies.pacing import PacingRule, PacingState
+from hearthgate.policies.pacing import PacingRule, PacingState, background_behind
 from hearthgate.policies.scheduler import Scheduler
 from hearthgate.policies.types import QueuedRequest, Rejection, WorkerSnapshot
 
@@ -294,6 +294,18 @@ class AdmissionController:
         flood = self.paced.flood
         return None if flood is None else flood[0]
 
+    def _background_behind(self, now: float) -> bool:
+        """Whether a background class's oldest queued request has waited past its share
+        of its first-token target (only asked when the prefill duty watches for it)."""
+        if not self.paced.watches_backlog:
+            return False
+        classes = self.scheduler.classes
+        targets = {
+            n: c.ttft_s for n, c in classes.items() if not c.interactive and c.ttft_s is not None
+        }
+        oldest = {n: st.oldest_arrival for n, st in self.scheduler.queue_stats().items()}
+        return background_behind(oldest, targets, now)
+
     def snapshots(self, now: float | None = None) -> list[WorkerSnapshot]:
         """The pool's worker snapshots with each paced worker's pacing caps and every
         worker's flood limit."""
@@ -350,7 +362,7 @@ class AdmissionController:
         timeout, fail those that no healthy worker can serve, admit what fits."""
         now = self.clock()
         if self.paced.active:
-            self.paced.update(now, self.scheduler.worker_usage())
+            self.paced.update(now, self.scheduler.worker_usage(), self._background_behind(now))
         self._release_due()
         for req in self.scheduler.expire(now):
             depth = self.scheduler.queue_stats()[req.cls].depth

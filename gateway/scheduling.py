@@ -74,12 +74,14 @@ def pacing_rule(settings: Settings) -> PacingRule | None:
         return None
     p = settings.scheduler.pacing
     prefill_ms = settings.prefill_gap_ms()
+    behind_ms = settings.prefill_behind_gap_ms()
     return PacingRule(
         target_gap_s=gap_ms / 1000,
         interval_s=p.interval_ms / 1000,
         max_cap=p.max_cap,
         prefill_gap_s=None if prefill_ms is None else prefill_ms / 1000,
         flood_prefill=p.flood_prefill,
+        behind_gap_s=None if behind_ms is None else behind_ms / 1000,
     )
 
 

@@ -390,6 +390,11 @@ class Pacing(_Strict):
     # pacing alone queued chat in the gateway (loadtests/results/prefill-pacing.md, run 6;
     # 0.4 gave no more, runs 2-3).
     prefill_fraction: float | None = Field(0.5, gt=0, le=1)
+    # While a background class's oldest queued request has waited more than half its
+    # ttft_ms, the duty may grow until the interactive gap reaches this fraction x the
+    # smallest interactive itl_ms instead (not below prefill_fraction); null: off, the
+    # duty holds prefill_fraction whatever waits. Off until measured in the matrix.
+    prefill_behind_fraction: float | None = Field(None, gt=0, le=1)
     interval_ms: float = Field(500.0, gt=0)  # how often a worker's cap moves
     # The cap at start and its ceiling: 32 long-prompt sequences in flight gave 427 tok/s
     # where 64 gave 259 (pacing-tune.md, run 3).
@@ -638,6 +643,16 @@ class Settings(BaseSettings):
             return None
         itls = [c.itl_ms for c in self.classes.values() if c.interactive and c.itl_ms]
         return p.prefill_fraction * min(itls) if itls else None
+
+    def prefill_behind_gap_ms(self) -> float | None:
+        """The interactive gap prefill pacing may allow while background work is behind
+        (None: off, or prefill pacing is off)."""
+        p = self.scheduler.pacing
+        prefill_ms = self.prefill_gap_ms()
+        if p.prefill_behind_fraction is None or prefill_ms is None:
+            return None
+        itls = [c.itl_ms for c in self.classes.values() if c.interactive and c.itl_ms]
+        return max(prefill_ms, p.prefill_behind_fraction * min(itls))
 
     def choosable_classes(self, app: App) -> list[str]:
         """The classes ``app`` may pick with the X-Hearthgate-Class header."""

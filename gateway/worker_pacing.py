@@ -118,15 +118,23 @@ class WorkerPacing:
 
     # ------------------------------------------------------------------- control
 
-    def update(self, now: float, usage: Mapping[str, WorkerUsage]) -> None:
-        """Move every pacer's caps (each acts once per interval)."""
+    @property
+    def watches_backlog(self) -> bool:
+        """Whether the prefill duty loosens while background work is behind (the caller
+        then passes ``behind`` to ``update``)."""
+        return self.rule is not None and self.rule.behind_gap_s is not None
+
+    def update(self, now: float, usage: Mapping[str, WorkerUsage], behind: bool = False) -> None:
+        """Move every pacer's caps (each acts once per interval); ``behind``: background
+        work waits past its share of its first-token target."""
         for name, pacer in self._pacers.items():
             rate = self._rates.rate(name)
             u = usage.get(name)
             if u is None:
-                pacer.update(now, 0, 0, rate)
+                pacer.update(now, 0, 0, rate, behind)
             else:
-                pacer.update(now, u.in_flight - u.interactive_in_flight, u.heaviest_app, rate)
+                bg = u.in_flight - u.interactive_in_flight
+                pacer.update(now, bg, u.heaviest_app, rate, behind)
 
     def apply(self, snaps: Sequence[WorkerSnapshot], now: float) -> list[WorkerSnapshot]:
         """``snaps`` with each paced worker's caps and whether its prefill duty is open, and

@@ -33,6 +33,12 @@ vLLM's own queue is first come, first served); one ``step`` more when well under
 target or when no interactive stream ran in the interval (nobody to protect: background
 gets the capacity back). Background prompts admitted run up a debt in
 prompt tokens that is paid back at duty x prefill rate; background waits while it is unpaid.
+While background work is *behind* (a background class's oldest queued request has waited
+more than ``BEHIND`` of its own first-token target), the gap the duty holds loosens to
+``behind_gap_s``: interactive streams keep a gap within their own target, and background
+is not held to a fixed share of the worker it cannot keep up in (at RAG 3/s of 1.8k-token
+prompts on a CPU worker that prefills ~10k tokens/s, a duty held near 0.5 queued RAG for
+22 s at p50: results/matrix.md).
 
 An interactive first token that came late cuts the decode cap as well: while long prompts
 are in prefill all the time, no gap is free of them and the decode batch would grow unseen.
@@ -52,6 +58,7 @@ Pure: the caller passes the time and the observations; no clock, no I/O.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 
@@ -72,6 +79,9 @@ class PacingRule:
     # Prompts an app flooding a worker (at least the per-app cap's floor of interactive
     # sequences there) may have in prefill at once; None: no limit (policies.budgets).
     flood_prefill: int | None = None
+    # The interactive gap the prefill duty may grow to while background work is behind
+    # (None: prefill_gap_s always). Only with prefill_gap_s, and not below it.
+    behind_gap_s: float | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.target_gap_s) and self.target_gap_s > 0):
@@ -89,6 +99,9 @@ class PacingRule:
             raise ValueError("prefill_gap_s must be > 0")
         if self.flood_prefill is not None and self.flood_prefill < 1:
             raise ValueError("flood_prefill must be >= 1")
+        behind = self.behind_gap_s
+        if behind is not None and (gap is None or not (math.isfinite(behind) and behind >= gap)):
+            raise ValueError("behind_gap_s needs prefill_gap_s and must be >= it")
 
 
 class DecodePacer:
@@ -142,6 +155,23 @@ class DecodePacer:
 # when the request reached the worker, cuts the background prefill duty (PrefillPacer).
 LATE_START = 0.5
 
+# Background work is behind once a background class's oldest queued request has waited
+# this share of its class's ttft_s (PrefillPacer's behind_gap_s then applies).
+BEHIND = 0.5
+
+
+def background_behind(
+    oldest_arrivals: Mapping[str, float | None], ttft_s: Mapping[str, float], now: float
+) -> bool:
+    """Whether any background class in ``ttft_s`` (class -> its first-token target) has a
+    queued request (``oldest_arrivals``: class -> its oldest queued arrival, None when
+    empty) that has waited more than ``BEHIND`` of its target."""
+    for cls, target in ttft_s.items():
+        oldest = oldest_arrivals.get(cls)
+        if oldest is not None and now - oldest > BEHIND * target:
+            return True
+    return False
+
 
 class PrefillPacer:
     """The background prefill duty of one worker (see the module docstring)."""
@@ -155,8 +185,10 @@ class PrefillPacer:
         headroom: float = 0.85,
         step: float = 0.1,
         min_duty: float = 0.1,
+        behind_gap_s: float | None = None,
     ) -> None:
         self.target_gap_s = target_gap_s
+        self.behind_gap_s = behind_gap_s
         self.interval_s = interval_s
         self.decrease = decrease
         self.headroom = headroom
@@ -187,9 +219,11 @@ class PrefillPacer:
         """An interactive first token came late in the current interval."""
         return self._late
 
-    def update(self, now: float, rate: float) -> float:
+    def update(self, now: float, rate: float, behind: bool = False) -> float:
         """Move the duty if an interval has passed (``rate``: the worker's prefill speed in
-        tokens per second, to pay the debt at the old duty up to now); the duty now."""
+        tokens per second, to pay the debt at the old duty up to now); the duty now.
+        ``behind``: background work is waiting past its share of its target (the gap to
+        hold is then ``behind_gap_s``, when set)."""
         if now - self._since < self.interval_s:
             return self.duty
         self._pay(now, rate)
@@ -204,9 +238,12 @@ class PrefillPacer:
             return self.duty
         gap = self._time / self._tokens
         self._time, self._tokens = 0.0, 0
-        if gap > self.target_gap_s:
+        target = self.target_gap_s
+        if behind and self.behind_gap_s is not None:
+            target = self.behind_gap_s
+        if gap > target:
             self.duty = max(self.min_duty, self.duty * self.decrease)
-        elif gap < self.headroom * self.target_gap_s:
+        elif gap < self.headroom * target:
             self.duty = min(1.0, self.duty + self.step)
         return self.duty
 
@@ -257,7 +294,9 @@ class WorkerPacer:
         self._background = DecodePacer(rule, now)
         self._prefill: PrefillPacer | None = None
         if rule.prefill_gap_s is not None:
-            self._prefill = PrefillPacer(rule.prefill_gap_s, rule.interval_s, now)
+            self._prefill = PrefillPacer(
+                rule.prefill_gap_s, rule.interval_s, now, behind_gap_s=rule.behind_gap_s
+            )
         self._apps: DecodePacer | None = None
         if app_min_cap is not None:
             floor = min(app_min_cap, rule.max_cap)
@@ -327,17 +366,23 @@ class WorkerPacer:
             self._prefill.charge(now, prompt_tokens, rate)
 
     def update(
-        self, now: float, background_in_flight: int, heaviest_app: int, rate: float = 0.0
+        self,
+        now: float,
+        background_in_flight: int,
+        heaviest_app: int,
+        rate: float = 0.0,
+        behind: bool = False,
     ) -> None:
         """Move the caps if an interval has passed. ``heaviest_app``: the most interactive
-        sequences one app has on the worker; ``rate``: its prefill speed (tokens/s)."""
+        sequences one app has on the worker; ``rate``: its prefill speed (tokens/s);
+        ``behind``: background work waits past its share of its target."""
         # A late interactive first token also cuts the decode cap: while long prompts
         # are always in prefill no gap is free of them, and a decode batch grown unseen
         # made every step slow (rag-burst at 3x: chat TTFT p99 1.2 s).
         late = self._prefill is not None and self._prefill.late
         self._background.update(now, background_in_flight, slow=late)
         if self._prefill is not None:
-            self._prefill.update(now, rate)
+            self._prefill.update(now, rate, behind)
         if self._apps is not None:
             # Background has given way once its sequences are down to the floor and, with
             # prefill pacing, its prefill duty too: at the start of a RAG burst few RAG

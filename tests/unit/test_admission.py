@@ -486,3 +486,36 @@ async def test_a_late_interactive_first_token_cuts_the_prefill_duty() -> None:
     assert ctl.pacing_state()["w0"].prefill_duty == pytest.approx(0.7)
     rag.finish(2000, 50)
     chat.finish(10, 50)
+
+
+@pytest.mark.parametrize(("behind_gap_s", "duty"), [(None, 0.7), (0.04, 1.0)])
+async def test_background_waiting_past_half_its_target_loosens_the_prefill_duty(
+    behind_gap_s: float | None, duty: float
+) -> None:
+    """Chat streams at 30 ms gaps (prefill pacing's target: 25 ms) while a RAG request has
+    waited past half its 1 s target: the duty is cut, unless it may hold 40 ms while
+    background is behind."""
+    from hearthgate.policies.pacing import PacingRule
+
+    clock = Clock()
+    sched = Scheduler(
+        [
+            ClassPolicy("chat", 1, interactive=True, ttft_s=0.5),
+            ClassPolicy("rag", 2, interactive=False, ttft_s=1.0),
+        ]
+    )
+    snaps = [WorkerSnapshot("w0", limits=WorkerBudget(max_in_flight=1))]
+    rule = PacingRule(0.015, interval_s=0.5, prefill_gap_s=0.025, behind_gap_s=behind_gap_s)
+    ctl = AdmissionController(sched, lambda: snaps, clock=clock, pacing=rule)
+    chat = await ctl.admit(QueuedRequest("c0", "chat", "app", clock(), 1, 10, 50))
+    chat.expect_stream()
+    chat.first_token()
+    rag = asyncio.create_task(ctl.admit(QueuedRequest("b0", "rag", "app", clock(), 2, 10, 50)))
+    await queued(ctl, rag)
+    for n in range(1, 20):
+        clock.t += 0.03
+        chat.progress(n)
+    ctl.tick()
+    assert ctl.pacing_state()["w0"].prefill_duty == pytest.approx(duty)
+    chat.finish(10, 19)
+    (await asyncio.wait_for(rag, 1.0)).finish(10, 5)

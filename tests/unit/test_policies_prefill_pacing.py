@@ -9,7 +9,7 @@ import pytest
 
 from hearthgate.policies import Scheduler
 from hearthgate.policies.budgets import Verdict, WorkerLoad, check
-from hearthgate.policies.pacing import PacingRule, PrefillPacer, WorkerPacer
+from hearthgate.policies.pacing import PacingRule, PrefillPacer, WorkerPacer, background_behind
 from tests.unit.test_policies_support import CLASSES, req, worker
 
 
@@ -196,3 +196,49 @@ def test_with_no_background_on_the_worker_a_flooding_app_is_cut_at_once() -> Non
     slow(q, 0.02, prefill=True, interactive=True)
     q.update(0.5, background_in_flight=1, heaviest_app=12, rate=1000.0)
     assert q.app_cap == 16
+
+
+def test_while_background_is_behind_the_duty_holds_the_looser_gap() -> None:
+    p = PrefillPacer(target_gap_s=0.025, interval_s=0.5, now=0.0, behind_gap_s=0.04)
+    slow(p, 0.2)
+    p.update(0.5, rate=1000.0)  # duty 0.7
+    slow(p, 0.03)  # over the usual 25 ms, well under 0.85 x 40 ms
+    assert p.update(1.0, rate=1000.0, behind=True) == pytest.approx(0.8)
+    slow(p, 0.03)
+    assert p.update(1.5, rate=1000.0) == pytest.approx(0.56)  # nothing waits: 25 ms holds
+    slow(p, 0.045)  # over even the looser gap
+    assert p.update(2.0, rate=1000.0, behind=True) == pytest.approx(0.392)
+    p.observe_start(0.3, ttft_s=0.5)  # a late interactive first token cuts, whatever waits
+    slow(p, 0.01)
+    assert p.update(2.5, rate=1000.0, behind=True) == pytest.approx(0.2744)
+
+
+def test_without_a_behind_gap_waiting_background_changes_nothing() -> None:
+    p = PrefillPacer(target_gap_s=0.025, interval_s=0.5, now=0.0)
+    slow(p, 0.2)
+    p.update(0.5, rate=1000.0)
+    slow(p, 0.03)
+    assert p.update(1.0, rate=1000.0, behind=True) == pytest.approx(0.49)
+
+
+def test_background_is_behind_once_a_queue_head_waited_half_its_target() -> None:
+    targets = {"rag": 3.0, "embed": 2.0}  # background classes and their ttft_s
+    assert not background_behind({"rag": 10.0, "embed": None, "chat": 0.0}, targets, 11.5)
+    assert background_behind({"rag": 10.0}, targets, 11.6)
+    assert background_behind({"rag": None, "embed": 10.0}, targets, 11.01)
+    assert not background_behind({"chat": 0.0}, targets, 100.0)  # only the classes given
+
+
+def test_the_behind_gap_needs_prefill_pacing_and_is_never_the_tighter() -> None:
+    with pytest.raises(ValueError, match="behind_gap_s"):
+        PacingRule(0.015, behind_gap_s=0.04)
+    with pytest.raises(ValueError, match="behind_gap_s"):
+        PacingRule(0.015, prefill_gap_s=0.025, behind_gap_s=0.02)
+    rule = PacingRule(0.015, prefill_gap_s=0.025, behind_gap_s=0.04, interval_s=0.5)
+    w = WorkerPacer(rule, now=0.0)
+    slow(w, 0.03, interactive=True, prefill=True)
+    w.update(0.5, background_in_flight=1, heaviest_app=1, rate=1000.0, behind=True)
+    assert w.duty == 1.0  # 30 ms: within the looser gap
+    slow(w, 0.03, interactive=True, prefill=True)
+    w.update(1.0, background_in_flight=1, heaviest_app=1, rate=1000.0)
+    assert w.duty == pytest.approx(0.7)

@@ -62,3 +62,16 @@ def test_app_floor_is_set_by_hand() -> None:
     assert app_pacing_floor(settings(app_min_cap=8)) == 8
     with pytest.raises(Exception, match="app_min_cap"):
         settings(app_min_cap=0)
+
+
+def test_the_looser_gap_while_background_is_behind_is_off_unless_set() -> None:
+    rule = pacing_rule(settings())
+    assert rule is not None and rule.behind_gap_s is None
+    rule = pacing_rule(settings(prefill_behind_fraction=0.8))
+    assert rule is not None and rule.behind_gap_s == pytest.approx(0.04)  # 0.8 x 50 ms
+    # Never tighter than prefill pacing's own gap, and nothing without prefill pacing.
+    tighter = pacing_rule(settings(prefill_behind_fraction=0.3))
+    assert tighter is not None and tighter.behind_gap_s == pytest.approx(0.025)
+    assert (
+        settings(prefill_fraction=None, prefill_behind_fraction=0.8).prefill_behind_gap_ms() is None
+    )
