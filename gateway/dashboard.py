@@ -324,7 +324,8 @@ _JS = r"""
         if (w.pacing.app_cap !== null && w.pacing.app_cap !== undefined)
           bits.push("per-app cap " + w.pacing.app_cap);
         if (w.pacing.prefill_duty !== null && w.pacing.prefill_duty !== undefined)
-          bits.push("prefill duty " + pct(w.pacing.prefill_duty));
+          bits.push("prefill duty " + pct(w.pacing.prefill_duty) + " of ~" +
+                    num(w.prefill_tokens_per_s) + " prompt tok/s");
       }
       if (w.flooding_apps && w.flooding_apps.length)
         bits.push("flood limit on " + w.flooding_apps.join(", "));

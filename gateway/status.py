@@ -47,6 +47,9 @@ def render_status(
         w["admitted"] = 0 if u is None else u.in_flight
         w["prefill_tokens"] = 0 if u is None else u.prefill_tokens
         w["flooding_apps"] = [] if u is None else flooding_apps(u, flood_at)
+        # The prompt tokens per second the gateway takes the worker to prefill (its
+        # estimate: what prefill pacing's duty is a share of).
+        w["prefill_tokens_per_s"] = round(admission.prefill_rates.rate(str(w["name"])))
         paced = pacing.get(str(w["name"]))
         if paced is not None:
             gap = paced.token_gap_s

@@ -112,6 +112,7 @@ async def test_status_has_what_the_page_reads() -> None:
     assert got["slo"] == {} and got["app_tokens"] == {}
     assert {"name", "up", "in_flight", "role", "served"} <= set(got["workers"][0])
     assert got["workers"][0]["flooding_apps"] == []
+    assert got["workers"][0]["prefill_tokens_per_s"] == 4000  # the estimate before any
     assert got["batches"]["enabled"] is False
 
 
