@@ -35,7 +35,8 @@ gets the capacity back). Background prompts admitted run up a debt in
 prompt tokens that is paid back at duty x prefill rate; background waits while it is unpaid.
 While background work is *behind* (a background class's oldest queued request has waited
 more than ``BEHIND`` of its own first-token target), the gap the duty holds loosens to
-``behind_gap_s``: interactive streams keep a gap within their own target, and background
+``behind_gap_s`` and a first token is late only past ``LATE_START_BEHIND`` of its target
+(not half of it): interactive streams stay within their own targets, and background
 is not held to a fixed share of the worker it cannot keep up in (at RAG 3/s of 1.8k-token
 prompts on a CPU worker that prefills ~10k tokens/s, a duty held near 0.5 queued RAG for
 22 s at p50: results/matrix.md).
@@ -158,6 +159,9 @@ LATE_START = 0.5
 # Background work is behind once a background class's oldest queued request has waited
 # this share of its class's ttft_s (PrefillPacer's behind_gap_s then applies).
 BEHIND = 0.5
+# While background is behind (and the rule has a behind_gap_s), a first token is late only
+# past this share of its ttft_s: interactive work is held within its targets, not half.
+LATE_START_BEHIND = 0.75
 
 
 def background_behind(
@@ -200,7 +204,8 @@ class PrefillPacer:
         self._tokens = 0
         self._debt = 0.0  # background prompt tokens admitted and not yet paid back
         self._paid_at = now
-        self._late = False  # an interactive first token came late in this interval
+        # The latest interactive first token of this interval, as a share of its target.
+        self._lateness = 0.0
 
     def observe(self, seconds: float, tokens: int) -> None:
         """An interactive stream's ``tokens`` came ``seconds`` after its previous token."""
@@ -211,13 +216,15 @@ class PrefillPacer:
     def observe_start(self, seconds: float, ttft_s: float) -> None:
         """An interactive request's first token came ``seconds`` after it was sent to the
         worker; its class's first-token target is ``ttft_s``."""
-        if seconds > LATE_START * ttft_s:
-            self._late = True
+        if ttft_s > 0:
+            self._lateness = max(self._lateness, seconds / ttft_s)
 
-    @property
-    def late(self) -> bool:
-        """An interactive first token came late in the current interval."""
-        return self._late
+    def late(self, behind: bool = False) -> bool:
+        """An interactive first token came late in the current interval: past
+        ``LATE_START`` of its target, or ``LATE_START_BEHIND`` while background is
+        ``behind`` and a ``behind_gap_s`` is set."""
+        share = LATE_START_BEHIND if behind and self.behind_gap_s is not None else LATE_START
+        return self._lateness > share
 
     def update(self, now: float, rate: float, behind: bool = False) -> float:
         """Move the duty if an interval has passed (``rate``: the worker's prefill speed in
@@ -228,7 +235,8 @@ class PrefillPacer:
             return self.duty
         self._pay(now, rate)
         self._since = now
-        late, self._late = self._late, False
+        late = self.late(behind)
+        self._lateness = 0.0
         if late:
             self.duty = max(self.min_duty, self.duty * self.decrease)
             self._time, self._tokens = 0.0, 0
@@ -379,7 +387,7 @@ class WorkerPacer:
         # A late interactive first token also cuts the decode cap: while long prompts
         # are always in prefill no gap is free of them, and a decode batch grown unseen
         # made every step slow (rag-burst at 3x: chat TTFT p99 1.2 s).
-        late = self._prefill is not None and self._prefill.late
+        late = self._prefill is not None and self._prefill.late(behind)
         self._background.update(now, background_in_flight, slow=late)
         if self._prefill is not None:
             self._prefill.update(now, rate, behind)

@@ -208,9 +208,15 @@ def test_while_background_is_behind_the_duty_holds_the_looser_gap() -> None:
     assert p.update(1.5, rate=1000.0) == pytest.approx(0.56)  # nothing waits: 25 ms holds
     slow(p, 0.045)  # over even the looser gap
     assert p.update(2.0, rate=1000.0, behind=True) == pytest.approx(0.392)
-    p.observe_start(0.3, ttft_s=0.5)  # a late interactive first token cuts, whatever waits
+    # A first token at 0.6 of its target is late only while nothing waits (0.5); while
+    # background is behind the bar is 0.75 of it.
+    p.observe_start(0.3, ttft_s=0.5)
     slow(p, 0.01)
-    assert p.update(2.5, rate=1000.0, behind=True) == pytest.approx(0.2744)
+    assert p.late() and not p.late(behind=True)
+    assert p.update(2.5, rate=1000.0, behind=True) == pytest.approx(0.492)
+    p.observe_start(0.4, ttft_s=0.5)
+    slow(p, 0.01)
+    assert p.update(3.0, rate=1000.0, behind=True) == pytest.approx(0.3444)
 
 
 def test_without_a_behind_gap_waiting_background_changes_nothing() -> None:
@@ -219,6 +225,8 @@ def test_without_a_behind_gap_waiting_background_changes_nothing() -> None:
     p.update(0.5, rate=1000.0)
     slow(p, 0.03)
     assert p.update(1.0, rate=1000.0, behind=True) == pytest.approx(0.49)
+    p.observe_start(0.3, ttft_s=0.5)
+    assert p.late(behind=True)
 
 
 def test_background_is_behind_once_a_queue_head_waited_half_its_target() -> None:
