@@ -625,6 +625,11 @@ class Settings(BaseSettings):
             return self.batch.class_
         return max(self.classes, key=lambda name: (self.classes[name].priority, name))
 
+    def _tightest_itl_ms(self) -> float | None:
+        """The smallest itl_ms of the interactive classes (None: none has one)."""
+        itls = [c.itl_ms for c in self.classes.values() if c.interactive and c.itl_ms]
+        return min(itls) if itls else None
+
     def pacing_gap_ms(self) -> float | None:
         """The token gap decode pacing holds (None: pacing is off or has no target)."""
         p = self.scheduler.pacing
@@ -632,8 +637,8 @@ class Settings(BaseSettings):
             return None
         if p.target_gap_ms is not None:
             return p.target_gap_ms
-        itls = [c.itl_ms for c in self.classes.values() if c.interactive and c.itl_ms]
-        return p.target_fraction * min(itls) if itls else None
+        itl = self._tightest_itl_ms()
+        return None if itl is None else p.target_fraction * itl
 
     def prefill_gap_ms(self) -> float | None:
         """The interactive token gap, prefill stalls included, that prefill pacing holds
@@ -641,8 +646,8 @@ class Settings(BaseSettings):
         p = self.scheduler.pacing
         if p.prefill_fraction is None or self.pacing_gap_ms() is None:
             return None
-        itls = [c.itl_ms for c in self.classes.values() if c.interactive and c.itl_ms]
-        return p.prefill_fraction * min(itls) if itls else None
+        itl = self._tightest_itl_ms()
+        return None if itl is None else p.prefill_fraction * itl
 
     def prefill_behind_gap_ms(self) -> float | None:
         """The interactive gap prefill pacing may allow while background work is behind
@@ -651,8 +656,9 @@ class Settings(BaseSettings):
         prefill_ms = self.prefill_gap_ms()
         if p.prefill_behind_fraction is None or prefill_ms is None:
             return None
-        itls = [c.itl_ms for c in self.classes.values() if c.interactive and c.itl_ms]
-        return max(prefill_ms, p.prefill_behind_fraction * min(itls))
+        itl = self._tightest_itl_ms()
+        assert itl is not None  # prefill_gap_ms is only set when there is one
+        return max(prefill_ms, p.prefill_behind_fraction * itl)
 
     def choosable_classes(self, app: App) -> list[str]:
         """The classes ``app`` may pick with the X-Hearthgate-Class header."""
