@@ -28,6 +28,7 @@ from hearthgate.gateway.errors import (
 )
 from hearthgate.gateway.ticket import Ticket
 from hearthgate.gateway.worker_pacing import WorkerPacing
+from hearthgate.policies.budgets import upstream_priority
 from hearthgate.policies.estimators import DrainRate, PrefillRates
 from hearthgate.policies.pacing import PacingRule, PacingState, background_behind
 from hearthgate.policies.scheduler import Scheduler
@@ -290,9 +291,20 @@ class AdmissionController:
 
     @property
     def flood_at(self) -> int | None:
-        """Interactive sequences that make an app a flood on a worker (None: no limit)."""
-        flood = self.paced.flood
-        return None if flood is None else flood[0]
+        """Interactive sequences that make an app a flood on a worker (None: no per-app
+        pacing, no app is a flood)."""
+        return self.paced.flood_threshold
+
+    def upstream_priority(self, req: QueuedRequest, worker: str) -> int:
+        """The priority to send ``worker`` with ``req`` (admitted there) where it schedules
+        by priority: the class's, after every other app's within it while ``req``'s app
+        floods the worker (vLLM then prefills a light app's prompt before the flood's queue)."""
+        at = self.paced.flood_threshold
+        floods = False
+        if at is not None:
+            usage = self.scheduler.worker_usage().get(worker)
+            floods = usage is not None and usage.interactive_by_app.get(req.tenant, 0) >= at
+        return upstream_priority(req.priority, floods)
 
     def _background_behind(self, now: float) -> bool:
         """Whether a background class's oldest queued request has waited past its share

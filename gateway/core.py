@@ -349,6 +349,7 @@ class Gateway:
             except ClientGone:
                 self.metrics.rejected.labels(c.cls, "disconnected").inc()
                 raise
+            priority = self.admission.upstream_priority(req, worker.name)
             answer: tuple[int, bytes, str] | None = None
             broke: AnswerBroke | None = None
             try:
@@ -362,10 +363,10 @@ class Gateway:
                         received_at,
                         done,
                         lease.wait_gone,
-                        priority=cls.priority,
+                        priority=priority,
                     )
                 return await self.proxy.forward(
-                    lease, parsed, received_at, done, cls.priority, first_byte_s
+                    lease, parsed, received_at, done, priority, first_byte_s
                 )
             except WorkerUnreachable as exc:
                 answer = exc.answer

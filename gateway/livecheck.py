@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from hearthgate.gateway.settings import Settings, Worker
+from hearthgate.policies.budgets import upstream_priority
 
 Level = Literal["error", "warning", "note"]
 Policy = Literal["fcfs", "priority"]
@@ -556,7 +557,8 @@ async def live_check(
 ) -> list[tuple[Worker, WorkerFacts, list[Finding]]]:
     """Probe every worker of ``settings`` at once (``timeout_s`` per request) and compare."""
     # Lowest urgency: under the priority policy the probe waits behind real traffic.
-    probe_priority = 1 + max((c.priority for c in settings.classes.values()), default=0)
+    lowest = max((c.priority for c in settings.classes.values()), default=0)
+    probe_priority = upstream_priority(lowest + 1, False)
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     # trust_env off: workers are on the home network, never behind the host's proxy.
     async with aiohttp.ClientSession(timeout=timeout, trust_env=False) as session:

@@ -50,13 +50,22 @@ class WorkerPacing:
             self._pacers.clear()
 
     @property
+    def flood_threshold(self) -> int | None:
+        """The interactive sequences that make an app a flood on a worker: the per-app
+        cap's own floor (None: no per-app pacing, so no app is told apart as a flood)."""
+        rule, floor = self.rule, self.app_floor
+        if rule is None or floor is None:
+            return None
+        return min(floor, rule.max_cap)
+
+    @property
     def flood(self) -> tuple[int, int] | None:
         """The flood limit as (sequences that make an app a flood on a worker, its prompts
         in prefill there), or None: off (no limit set, or no per-app pacing)."""
-        rule, floor = self.rule, self.app_floor
-        if rule is None or floor is None or rule.flood_prefill is None:
+        at, rule = self.flood_threshold, self.rule
+        if at is None or rule is None or rule.flood_prefill is None:
             return None
-        return min(floor, rule.max_cap), rule.flood_prefill  # the app cap's own floor
+        return at, rule.flood_prefill
 
     @property
     def tracks_prefill(self) -> bool:

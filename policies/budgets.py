@@ -217,3 +217,10 @@ def flooding_apps(usage: WorkerUsage, flood_at: int | None) -> list[str]:
     if flood_at is None:
         return []
     return sorted(app for app, held in usage.interactive_by_app.items() if held >= flood_at)
+
+
+def upstream_priority(class_priority: int, floods: bool) -> int:
+    """The priority to send a worker that schedules by it (vLLM: lower runs first): the
+    class's own, and within it a request of an app flooding the worker after every other
+    app's. Class order is kept: ``2p + 1 < 2q`` for any ``p < q``."""
+    return 2 * class_priority + (1 if floods else 0)

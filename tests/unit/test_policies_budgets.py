@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hearthgate.policies import Admission, Scheduler, WorkerBudget, WorkerSnapshot
-from hearthgate.policies.budgets import Verdict, WorkerLoad, check
+from hearthgate.policies.budgets import Verdict, WorkerLoad, check, upstream_priority
 from tests.unit.test_policies_support import (
     CLASSES,
     OP_CLASSES,
@@ -250,3 +250,14 @@ def test_n_completions_take_a_slot_each_and_too_many_run_alone() -> None:
     sched.on_finish("n2", 1, 2, 2.0)
     assert ids(sched.admit(2.0, w)) == ["one"]
     assert sched.worker_usage()["w0"].in_flight == 1
+
+
+@given(st.integers(-50, 50), st.integers(-50, 50), st.booleans(), st.booleans())
+def test_upstream_priority_keeps_class_order_and_puts_a_flood_last_within_its_class(
+    p: int, q: int, p_floods: bool, q_floods: bool
+) -> None:
+    a, b = upstream_priority(p, p_floods), upstream_priority(q, q_floods)
+    if p < q:
+        assert a < b  # a flood of a more urgent class still goes before a less urgent class
+    elif p == q and p_floods != q_floods:
+        assert (a > b) == p_floods  # within a class, the flooding app goes after
