@@ -328,7 +328,7 @@ _JS = r"""
                     num(w.prefill_tokens_per_s) + " prompt tok/s");
       }
       if (w.flooding_apps && w.flooding_apps.length)
-        bits.push("flood limit on " + w.flooding_apps.join(", "));
+        bits.push("flooding: " + w.flooding_apps.join(", "));
       bits.push("served " + num(w.served));
       var info = el("span", "small", bits.join(" · "));
       info.dataset.role = "stats";

@@ -49,7 +49,10 @@ def render_status(
         w["flooding_apps"] = [] if u is None else flooding_apps(u, flood_at)
         # The prompt tokens per second the gateway takes the worker to prefill (its
         # estimate: what prefill pacing's duty is a share of).
-        w["prefill_tokens_per_s"] = round(admission.prefill_rates.rate(str(w["name"])))
+        # (None for an embeddings worker: it prefills nothing a stream waits on.)
+        embeds = w.get("role") == "embeddings"
+        rate = admission.prefill_rates.rate(str(w["name"]))
+        w["prefill_tokens_per_s"] = None if embeds else round(rate)
         paced = pacing.get(str(w["name"]))
         if paced is not None:
             gap = paced.token_gap_s

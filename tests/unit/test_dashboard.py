@@ -116,6 +116,14 @@ async def test_status_has_what_the_page_reads() -> None:
     assert got["batches"]["enabled"] is False
 
 
+async def test_status_has_no_prefill_rate_for_an_embeddings_worker() -> None:
+    embed = {"name": "e", "url": "http://127.0.0.1:2", "models": ["emb"], "role": "embeddings"}
+    s = load_settings(None, workers=[*WORKERS, embed])
+    got = (await _get(s, "/status", "127.0.0.1")).json()
+    rates = {w["name"]: w["prefill_tokens_per_s"] for w in got["workers"]}
+    assert rates == {"w": 4000, "e": None}
+
+
 async def test_status_counts_targets_met_and_tokens_per_app() -> None:
     app = create_app(load_settings(None, workers=WORKERS, apps=[{"name": "notes"}]))
     gw = app.state.gateway
