@@ -277,9 +277,22 @@ def matrix_summary(
     }
 
 
-def _cell(stats: dict[str, Any] | None) -> str:
+def _cell(stats: dict[str, Any] | None, point: dict[str, Any]) -> str:
     if stats is None:
         return "-"
+    light_app = point.get("light_app")
+    light = None if light_app is None else _flow_of(stats, light_app)
+    if light is not None:
+        # Noisy neighbour: the whole run's attainment counts the flood's own misses; what
+        # the point is about is the light app's attainment and tail and the others' tokens.
+        heavy = sum(
+            f.get("output_tokens_per_s") or 0.0
+            for k, f in stats.get("flows", {}).items()
+            if not k.endswith("/" + light_app)
+        )
+        p99 = light.get("ttft_p99_s")
+        tail = "-" if p99 is None else f"{p99 * 1000:.0f} ms"
+        return f"{_fmt(light.get('attainment'), 'pct')} / {_fmt(heavy)} / {tail}"
     att = _fmt(stats["interactive_attainment"], "pct")
     bg = _fmt(stats["background_output_tokens_per_s"])
     tpot = stats["classes"].get("chat", {}).get("tpot_p50_s")
@@ -303,14 +316,16 @@ def render_markdown(summary: dict[str, Any]) -> str:
         cells = summary["cells"].get(pt["name"], {})
         verdicts = summary["verdicts"].get(pt["name"], {})
         rows.append(
-            [pt["name"], *(_cell(cells.get(n)) for n in names)]
+            [pt["name"], *(_cell(cells.get(n), pt) for n in names)]
             + [_verdict(verdicts.get(g, [])) for g in gateways]
         )
     lines = [
         "# Scenario matrix",
         "",
         f"Medians of {summary['rounds']} round(s), targets interleaved round by round. Each "
-        "cell: interactive attainment / background output tok/s / chat TPOT p50.",
+        "cell: interactive attainment / background output tok/s / chat TPOT p50; for a point "
+        "with a light app (noisy neighbour): its attainment / the other apps' output tok/s / "
+        "its TTFT p99.",
         "",
         *_table(["point", *names, *(f"{g}: targets" for g in gateways)], rows),
         "| target | description |",

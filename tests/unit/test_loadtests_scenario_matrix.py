@@ -278,3 +278,18 @@ def test_a_finished_matrix_replaces_its_partial_summary(
     done = json.loads((out / "matrix.summary.json").read_text())
     assert done["rounds"] == 2 and all(n == 2 for _, _, n in done["runs"])
     assert (out / "matrix.md").read_text() == "table\n"
+
+
+def test_a_noisy_neighbour_cell_shows_the_light_apps_numbers() -> None:
+    flows = {
+        "chat/chatui": {"attainment": 1.0, "ttft_p99_s": 0.095, "output_tokens_per_s": 40.0},
+        "chat/scraper": {"attainment": 0.05, "ttft_p99_s": 3.0, "output_tokens_per_s": 1188.0},
+    }
+    summary = {
+        "rounds": 2,
+        "points": [{"name": "noisy x1", "light_app": "chatui"}],
+        "targets": {"gateway": {**TARGETS["gateway"], "describe": "gw"}},
+        "cells": {"noisy x1": {"gateway": {**stats(0.07, 0.0), "flows": flows}}},
+        "verdicts": {"noisy x1": {"gateway": []}},
+    }
+    assert "| noisy x1 | 100% / 1188.0 / 95 ms | holds |" in render_markdown(summary)
