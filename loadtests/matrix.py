@@ -8,7 +8,7 @@ import asyncio
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 from hearthgate.loadtests import bench
 from hearthgate.loadtests.prompts import Calibration
@@ -57,6 +57,20 @@ def points_env(points: list[tuple[str, Scenario]]) -> dict[str, str]:
     return env
 
 
+T = TypeVar("T")
+
+
+def run_order(targets: list[T], rounds: int, order: str) -> list[tuple[int, T]]:
+    """(round, target) in the order they run. round-major rotates the targets by one each
+    round, so over as many rounds as targets each takes every place once: the box drifts
+    over a round's blocks of runs, and the same target first every round would get the same
+    side of that drift every time."""
+    n = len(targets)
+    if order == "round-major":
+        return [(r, targets[(r + i) % n]) for r in range(rounds) for i in range(n)]
+    return [(r, t) for t in targets for r in range(rounds)]
+
+
 def run_matrix(
     points: list[tuple[str, Scenario]],
     targets: TargetsFile,
@@ -68,9 +82,10 @@ def run_matrix(
     log: bench.Log = bench.stderr_log,
     on_cell: Callable[[list[Cell], Calibration], None] | None = None,
 ) -> tuple[Calibration, dict[str, list[PlannedRequest]], list[Cell]]:
-    """Run every (point, target, round). round-major: for each round, each target, each point
-    (compare: targets interleaved). target-major: for each target, each round, each point
-    (sweep: a target's workers start once). The prompt calibration is measured once, on the
+    """Run every (point, target, round). round-major: for each round, each target (rotated
+    one place each round, see ``run_order``), each point (compare: targets interleaved).
+    target-major: for each target, each round, each point (sweep: a target's workers start
+    once). The prompt calibration is measured once, on the
     first target brought up, and shared, so every target gets identical requests. on_cell sees
     the cells so far after each run (a long matrix can save what it has)."""
     first = points[0][1]
@@ -78,10 +93,7 @@ def run_matrix(
     cal: Calibration | None = None
     plans: dict[str, list[PlannedRequest]] = {}
     cells: list[Cell] = []
-    if order == "round-major":
-        schedule = [(r, t) for r in range(rounds) for t in targets.targets]
-    else:
-        schedule = [(r, t) for t in targets.targets for r in range(rounds)]
+    schedule = run_order(targets.targets, rounds, order)
 
     def calibration_for(endpoints: Endpoints) -> Calibration:
         if not opts.calibrate:

@@ -293,3 +293,17 @@ def test_a_noisy_neighbour_cell_shows_the_light_apps_numbers() -> None:
         "verdicts": {"noisy x1": {"gateway": []}},
     }
     assert "| noisy x1 | 100% / 1188.0 / 95 ms | holds |" in render_markdown(summary)
+
+
+def test_each_round_starts_with_the_next_target() -> None:
+    from hearthgate.loadtests.matrix import run_order
+
+    got = run_order(["a", "b", "c"], 3, "round-major")
+    assert got == [
+        (0, "a"), (0, "b"), (0, "c"),
+        (1, "b"), (1, "c"), (1, "a"),
+        (2, "c"), (2, "a"), (2, "b"),
+    ]  # fmt: skip
+    places = {t: sum(i % 3 for i, (_, u) in enumerate(got) if u == t) for t in "abc"}
+    assert places == {"a": 3, "b": 3, "c": 3}  # each target first, second and last once
+    assert run_order(["a", "b"], 2, "target-major") == [(0, "a"), (1, "a"), (0, "b"), (1, "b")]
