@@ -80,6 +80,24 @@ def assign_cores(specs: list[Worker], cores: int = 2) -> dict[str, int]:
     return out
 
 
+# vLLM's CPU default step is 2,048 tokens, so a ~1.8k-token RAG prompt is prefilled in one
+# ~200 ms step, and a voice turn arriving meanwhile waits it out. With 1,024-token steps the
+# gateway gave voice a lower TTFT p99 and background more tokens at every matrix point tried
+# (loadtests/results/chunks.md); 512 gave background less. A long-prefill worker serves no
+# interactive turns and keeps vLLM's default.
+GENERAL_STEP_TOKENS = 1024
+
+
+def worker_flags(spec: Worker) -> list[str]:
+    """The vLLM flags ``make run`` adds to a local worker's command line."""
+    flags: list[str] = []
+    if spec.role == "general":
+        flags += ["--max-num-batched-tokens", str(GENERAL_STEP_TOKENS)]
+    if spec.priority_scheduling:
+        flags += ["--scheduling-policy", "priority"]
+    return flags
+
+
 def plan_workers(settings: Settings) -> list[VllmWorker]:
     """One local vLLM process per configured worker on this host (see ``assign_cores``).
     A worker whose ``upstream_models`` renames its (single) model is served under that name."""
@@ -91,9 +109,8 @@ def plan_workers(settings: Settings) -> list[VllmWorker]:
         port = urlparse(spec.url).port
         assert port is not None
         kind: Kind = "embed" if spec.role == "embeddings" else "gen"
-        extra = ["--scheduling-policy", "priority"] if spec.priority_scheduling else []
         log = RUN_DIR / f"vllm-{spec.name}.log"
-        worker = VllmWorker(kind, port, cores[spec.name], log, extra)
+        worker = VllmWorker(kind, port, cores[spec.name], log, worker_flags(spec))
         served = spec.upstream_models.get(worker.served_model_name)
         if served is not None:
             worker.served_model_name = served

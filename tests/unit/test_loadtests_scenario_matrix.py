@@ -307,3 +307,13 @@ def test_each_round_starts_with_the_next_target() -> None:
     places = {t: sum(i % 3 for i, (_, u) in enumerate(got) if u == t) for t in "abc"}
     assert places == {"a": 3, "b": 3, "c": 3}  # each target first, second and last once
     assert run_order(["a", "b"], 2, "target-major") == [(0, "a"), (1, "a"), (0, "b"), (1, "b")]
+
+
+def test_the_matrix_runs_the_gateway_in_front_of_the_worker_make_run_starts() -> None:
+    from hearthgate.deploy.run_local import GENERAL_STEP_TOKENS
+
+    targets = yaml.safe_load((REPO / "loadtests" / "targets" / "matrix.yaml").read_text())
+    gw = next(t for t in targets["targets"] if t["name"] == "gateway-defaults")
+    assert gw["worker_args"] == ["--max-num-batched-tokens", str(GENERAL_STEP_TOKENS)]
+    vllm = next(t for t in targets["targets"] if t["name"] == "vllm-fcfs")
+    assert not vllm.get("worker_args")  # vLLM alone stays at its own defaults

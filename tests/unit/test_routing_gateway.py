@@ -157,3 +157,8 @@ def test_run_local_layouts_pin_the_workers() -> None:
         ("embed", 8001, 1),
     ]
     assert split.classes == single.classes and split.apps == single.apps
+    # Shorter prefill steps on the worker voice shares (1,024 tokens, chunks.md); the
+    # long-prefill worker keeps vLLM's default, the embeddings worker is not chunked.
+    step = ["--max-num-batched-tokens", "1024"]
+    assert [w.extra_args for w in plan_workers(split)] == [tuple(step), (), ()]
+    assert plan_workers(single)[0].extra_args == tuple(step)
