@@ -280,16 +280,13 @@ def matrix_summary(
 def _cell(stats: dict[str, Any] | None, point: dict[str, Any]) -> str:
     if stats is None:
         return "-"
-    light_app = point.get("light_app")
+    light_app: str | None = point.get("light_app")
     light = None if light_app is None else _flow_of(stats, light_app)
-    if light is not None:
+    if light_app is not None and light is not None:
         # Noisy neighbour: the whole run's attainment counts the flood's own misses; what
         # the point is about is the light app's attainment and tail and the others' tokens.
-        heavy = sum(
-            f.get("output_tokens_per_s") or 0.0
-            for k, f in stats.get("flows", {}).items()
-            if not k.endswith("/" + light_app)
-        )
+        others = [f for k, f in stats.get("flows", {}).items() if not k.endswith("/" + light_app)]
+        heavy = float(sum(f.get("output_tokens_per_s") or 0.0 for f in others))
         p99 = light.get("ttft_p99_s")
         tail = "-" if p99 is None else f"{p99 * 1000:.0f} ms"
         return f"{_fmt(light.get('attainment'), 'pct')} / {_fmt(heavy)} / {tail}"
