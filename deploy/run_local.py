@@ -81,10 +81,10 @@ def assign_cores(specs: list[Worker], cores: int = 2) -> dict[str, int]:
 
 
 # vLLM's CPU default step is 2,048 tokens, so a ~1.8k-token RAG prompt is prefilled in one
-# ~200 ms step, and a voice turn arriving meanwhile waits it out. With 1,024-token steps the
-# gateway gave voice a lower TTFT p99 and background more tokens at every matrix point tried
-# (loadtests/results/chunks.md); 512 gave background less. A long-prefill worker serves no
-# interactive turns and keeps vLLM's default.
+# ~200 ms step, and a voice turn arriving meanwhile waits it out. With 1,024-token steps
+# background got 5-9% more tokens behind the gateway at home-mix x10 and in every RAG burst,
+# in each of three rounds, interactive work 99.8-100% (loadtests/results/chunks.md); 512
+# gave background less. A long-prefill worker serves no voice and keeps vLLM's default.
 GENERAL_STEP_TOKENS = 1024
 
 
