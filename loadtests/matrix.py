@@ -60,7 +60,10 @@ def points_env(points: list[tuple[str, Scenario]]) -> dict[str, str]:
 T = TypeVar("T")
 
 
-def run_order(targets: list[T], rounds: int, order: str) -> list[tuple[int, T]]:
+Order = Literal["round-major", "target-major"]
+
+
+def run_order(targets: list[T], rounds: int, order: Order) -> list[tuple[int, T]]:
     """(round, target) in the order they run. round-major rotates the targets by one each
     round, so over as many rounds as targets each takes every place once: the box drifts
     over a round's blocks of runs, and the same target first every round would get the same
@@ -77,7 +80,7 @@ def run_matrix(
     opts: Options,
     *,
     rounds: int = 1,
-    order: Literal["round-major", "target-major"] = "round-major",
+    order: Order = "round-major",
     launcher_factory: Callable[..., Launcher] = Launcher,
     log: bench.Log = bench.stderr_log,
     on_cell: Callable[[list[Cell], Calibration], None] | None = None,
@@ -85,9 +88,9 @@ def run_matrix(
     """Run every (point, target, round). round-major: for each round, each target (rotated
     one place each round, see ``run_order``), each point (compare: targets interleaved).
     target-major: for each target, each round, each point (sweep: a target's workers start
-    once). The prompt calibration is measured once, on the
-    first target brought up, and shared, so every target gets identical requests. on_cell sees
-    the cells so far after each run (a long matrix can save what it has)."""
+    once). The prompt calibration is measured once, on the first target brought up, and
+    shared, so every target gets identical requests. on_cell sees the cells so far after
+    each run (a long matrix can save what it has)."""
     first = points[0][1]
     need_embed = any(f.endpoint == "embeddings" for _, sc in points for f in sc.flows)
     cal: Calibration | None = None
