@@ -26,8 +26,10 @@ class Options:
     tokenize_url: str | None = None
     progress: bool = True
     # After a worker (re)start, this many seconds of the workload are run and thrown away:
-    # a fresh CPU worker is much slower for its first minute (VLLM_CPU.md).
-    restart_warmup_s: float = 20.0
+    # a fresh CPU worker is much slower for its first minute (VLLM_CPU.md). 20 s was too
+    # short: the first point after a start gave 172-174 background tok/s at home-mix x4
+    # where later rounds gave 262-296 (loadtests/results/chunks.md).
+    restart_warmup_s: float = 45.0
 
 
 @dataclass(frozen=True)
