@@ -427,7 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     bt = sub.add_parser(
         "batch", help="Batch API with real vLLM and Redis: attainment with a batch, lines/s"
     )
-    from hearthgate.loadtests import batchbench
+    from hearthgate.loadtests.batchbench import cli as batchbench
 
     batchbench.add_args(bt)
     bt.set_defaults(func=batchbench.run)

@@ -1,4 +1,4 @@
-"""The pure parts of `hearthgate bench batch` (loadtests/batchbench.py): the batch's lines,
+"""The pure parts of `hearthgate bench batch` (loadtests/batchbench/): the batch's lines,
 the rates, the aggregation over rounds, the report, and the polling loop on a fake client."""
 
 from __future__ import annotations
@@ -10,7 +10,17 @@ from typing import Any
 import pytest
 
 from hearthgate.gateway.batches.lines import check_batch, split_lines
-from hearthgate.loadtests import batchbench as bb
+from hearthgate.loadtests.batchbench.client import submit_and_poll
+from hearthgate.loadtests.batchbench.lines import (
+    batch_line,
+    plan_lines,
+    shape_from,
+    split_counts,
+    to_jsonl,
+)
+from hearthgate.loadtests.batchbench.rates import aggregate, done_at, lines_per_s, rate_in_window
+from hearthgate.loadtests.batchbench.report import render
+from hearthgate.loadtests.batchbench.rig import ORDER
 from hearthgate.loadtests.prompts import Calibration
 from hearthgate.loadtests.scenario import load_scenario
 
@@ -24,27 +34,27 @@ def home_mix() -> Any:
 
 
 def test_split_counts() -> None:
-    assert bb.split_counts(5000, 0.2) == (1000, 4000)
-    assert bb.split_counts(300, 0.2) == (60, 240)
-    assert bb.split_counts(7, 0.0) == (0, 7)
-    assert bb.split_counts(7, 1.0) == (7, 0)
+    assert split_counts(5000, 0.2) == (1000, 4000)
+    assert split_counts(300, 0.2) == (60, 240)
+    assert split_counts(7, 0.0) == (0, 7)
+    assert split_counts(7, 1.0) == (7, 0)
     with pytest.raises(ValueError):
-        bb.split_counts(0, 0.2)
+        split_counts(0, 0.2)
     with pytest.raises(ValueError):
-        bb.split_counts(10, 1.5)
+        split_counts(10, 1.5)
 
 
 def test_shape_follows_the_scenarios_rag_and_embeddings_flows(home_mix: Any) -> None:
-    shape = bb.shape_from(home_mix, lines=100)
+    shape = shape_from(home_mix, lines=100)
     assert shape.summary_prompt.upper() == 2000  # home-mix's RAG flow: uniform 1500-2000
     assert shape.embed_prompt.upper() == 64
     assert shape.endpoints() == ["/v1/chat/completions", "/v1/embeddings"]
-    assert bb.shape_from(home_mix, lines=5, summary_fraction=0).endpoints() == ["/v1/embeddings"]
+    assert shape_from(home_mix, lines=5, summary_fraction=0).endpoints() == ["/v1/embeddings"]
 
 
 def test_lines_counts_split_and_shapes(home_mix: Any) -> None:
-    shape = bb.shape_from(home_mix, lines=50, summary_fraction=0.2)
-    lines = bb.plan_lines(shape, home_mix, Calibration(), "r1-C")
+    shape = shape_from(home_mix, lines=50, summary_fraction=0.2)
+    lines = plan_lines(shape, home_mix, Calibration(), "r1-C")
     summaries, embeds = lines["/v1/chat/completions"], lines["/v1/embeddings"]
     assert (len(summaries), len(embeds)) == (10, 40)
     ids = [r.id for r in summaries + embeds]
@@ -53,7 +63,7 @@ def test_lines_counts_split_and_shapes(home_mix: Any) -> None:
         assert 1500 <= r.prompt_tokens <= 2000
         # default calibration: one word per token
         assert len(r.prompt.split()) == r.prompt_tokens
-        body = bb.batch_line(r)["body"]
+        body = batch_line(r)["body"]
         assert body["max_tokens"] == 32
         assert body["temperature"] == 0
         assert body["ignore_eos"] is True
@@ -61,14 +71,14 @@ def test_lines_counts_split_and_shapes(home_mix: Any) -> None:
         assert body["model"] == "tiny-llama"
     for r in embeds:
         assert 16 <= r.prompt_tokens <= 64
-        assert bb.batch_line(r)["body"] == {"model": "minilm", "input": r.prompt}
+        assert batch_line(r)["body"] == {"model": "minilm", "input": r.prompt}
 
 
 def test_each_measurement_has_its_own_words_and_the_same_lengths(home_mix: Any) -> None:
-    shape = bb.shape_from(home_mix, lines=20)
-    a = bb.plan_lines(shape, home_mix, Calibration(), "r1-C")
-    b = bb.plan_lines(shape, home_mix, Calibration(), "r1-D")
-    again = bb.plan_lines(shape, home_mix, Calibration(), "r1-C")
+    shape = shape_from(home_mix, lines=20)
+    a = plan_lines(shape, home_mix, Calibration(), "r1-C")
+    b = plan_lines(shape, home_mix, Calibration(), "r1-D")
+    again = plan_lines(shape, home_mix, Calibration(), "r1-C")
     for ep in a:
         assert [r.prompt_tokens for r in a[ep]] == [r.prompt_tokens for r in b[ep]]
         assert all(x.prompt != y.prompt for x, y in zip(a[ep], b[ep], strict=True))
@@ -77,14 +87,14 @@ def test_each_measurement_has_its_own_words_and_the_same_lengths(home_mix: Any) 
 
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
 def test_jsonl_is_accepted_by_the_gateways_batch_checks(home_mix: Any, endpoint: str) -> None:
-    shape = bb.shape_from(home_mix, lines=30, summary_fraction=0.3, summary_endpoint=endpoint)
-    lines = bb.plan_lines(shape, home_mix, Calibration(), "check")
+    shape = shape_from(home_mix, lines=30, summary_fraction=0.3, summary_endpoint=endpoint)
+    lines = plan_lines(shape, home_mix, Calibration(), "check")
     assert set(lines) == {
         f"/v1/{'chat/completions' if endpoint == 'chat' else 'completions'}",
         "/v1/embeddings",
     }
     for route, reqs in lines.items():
-        data = bb.to_jsonl(reqs)
+        data = to_jsonl(reqs)
         text_lines, trailing = split_lines(data, 100 * 1024 * 1024, 50_000)
         assert trailing
         checked = check_batch(text_lines, route, MODELS, BODY_LIMIT)
@@ -93,30 +103,30 @@ def test_jsonl_is_accepted_by_the_gateways_batch_checks(home_mix: Any, endpoint:
 
 
 def test_lines_per_s() -> None:
-    assert bb.lines_per_s(300, 10.0, 40.0) == 10.0
-    assert bb.lines_per_s(300, 10.0, None) is None
-    assert bb.lines_per_s(300, 10.0, 10.0) is None
+    assert lines_per_s(300, 10.0, 40.0) == 10.0
+    assert lines_per_s(300, 10.0, None) is None
+    assert lines_per_s(300, 10.0, 10.0) is None
 
 
 def test_done_at_interpolates_between_polls() -> None:
     polls = [(0.0, 0), (1.0, 10), (2.0, 30)]
-    assert bb.done_at(polls, -1.0) == 0
-    assert bb.done_at(polls, 0.5) == 5
-    assert bb.done_at(polls, 1.5) == 20
-    assert bb.done_at(polls, 9.0) == 30
-    assert bb.done_at([], 1.0) == 0
+    assert done_at(polls, -1.0) == 0
+    assert done_at(polls, 0.5) == 5
+    assert done_at(polls, 1.5) == 20
+    assert done_at(polls, 9.0) == 30
+    assert done_at([], 1.0) == 0
 
 
 def test_rate_in_window_counts_only_while_the_batch_runs() -> None:
     polls = [(0.0, 0), (10.0, 100), (20.0, 200), (30.0, 300)]
-    rate, cov = bb.rate_in_window(polls, 5.0, 25.0)
+    rate, cov = rate_in_window(polls, 5.0, 25.0)
     assert rate == pytest.approx(10.0)
     assert cov == 1.0
     # ended at 15 inside the window [5, 25]: counted to 15, half the window covered
-    rate, cov = bb.rate_in_window(polls, 5.0, 25.0, ended=15.0)
+    rate, cov = rate_in_window(polls, 5.0, 25.0, ended=15.0)
     assert rate == pytest.approx(10.0)
     assert cov == pytest.approx(0.5)
-    assert bb.rate_in_window(polls, 5.0, 25.0, ended=4.0) == (None, 0.0)
+    assert rate_in_window(polls, 5.0, 25.0, ended=4.0) == (None, 0.0)
 
 
 def _round(a: float, b: float, c: float, d: float, e: float) -> dict[str, Any]:
@@ -134,7 +144,7 @@ def test_aggregate_medians_delta_ratio_and_targets() -> None:
         _round(0.97, 0.975, 19.0, 19.0, 14.0),
         _round(1.00, 0.99, 17.0, 21.0, 10.0),
     ]
-    got = bb.aggregate(rounds)
+    got = aggregate(rounds)
     assert got["A"]["median"] == pytest.approx(0.99)
     assert got["A"]["runs"] == [0.99, 0.97, 1.0]
     assert got["B"]["median"] == pytest.approx(0.985)
@@ -154,7 +164,7 @@ def test_aggregate_medians_delta_ratio_and_targets() -> None:
 
 def test_aggregate_misses_and_failed_measurements() -> None:
     rounds = [_round(0.99, 0.95, 10.0, 20.0, 5.0), {"A": {"attainment": 0.98}, "C": {}}]
-    got = bb.aggregate(rounds)
+    got = aggregate(rounds)
     assert got["A"]["median"] == pytest.approx(0.985)
     assert got["B"]["runs"] == [0.95, None]
     assert got["B_minus_A"]["runs"][1] is None
@@ -162,7 +172,7 @@ def test_aggregate_misses_and_failed_measurements() -> None:
         "attainment_within_1_point": False,
         "throughput_ratio_at_least_0.9": False,
     }
-    empty = bb.aggregate([{}])
+    empty = aggregate([{}])
     assert empty["targets"] == {
         "attainment_within_1_point": None,
         "throughput_ratio_at_least_0.9": None,
@@ -171,7 +181,7 @@ def test_aggregate_misses_and_failed_measurements() -> None:
 
 def test_render_shows_the_results(home_mix: Any) -> None:
     rounds = [{"round": 1, **_round(0.99, 0.985, 18.0, 20.0, 12.0)}]
-    shape = bb.shape_from(home_mix, lines=300)
+    shape = shape_from(home_mix, lines=300)
     summary = {
         "tag": "batch-small",
         "command": "hearthgate bench batch --lines 300",
@@ -180,7 +190,7 @@ def test_render_shows_the_results(home_mix: Any) -> None:
             "batch": shape.describe(),
             "endpoints": shape.endpoints(),
             "repeat": 1,
-            "order": list(bb.ORDER),
+            "order": list(ORDER),
             "concurrency": 64,
             "poll_interval_s": 0.5,
             "batch_lead_s": 5.0,
@@ -189,10 +199,10 @@ def test_render_shows_the_results(home_mix: Any) -> None:
         "vllm": {"gen": {"command": ["python", "-m", "vllm"], "env": "X=1"}},
         "gateway": {"settings": {"redis": {"url": "redis://x"}}},
         "rounds": rounds,
-        "results": bb.aggregate(rounds),
+        "results": aggregate(rounds),
         "notes": ["a note"],
     }
-    md = bb.render(summary)
+    md = render(summary)
     assert "98.5%" in md and "-0.5" in md and "0.90" in md
     assert "| 1 | 99.0% | 98.5% | 18.0 |" in md
     assert "300 lines, 60 summaries" in md
@@ -235,7 +245,7 @@ def test_submit_and_poll_until_the_last_batch_completes() -> None:
     fake = FakeClient({"chat": 2, "emb": 4}, {"chat": 10, "emb": 40})
     files = {"chat": ("f1", 10), "emb": ("f2", 40)}
     run = asyncio.run(
-        bb.submit_and_poll(fake, files, interval_s=0.0, clock=clock)  # type: ignore[arg-type]
+        submit_and_poll(fake, files, interval_s=0.0, clock=clock)  # type: ignore[arg-type]
     )
     assert fake.created == ["chat", "emb"]
     assert run.finished and run.all_completed()
@@ -246,6 +256,6 @@ def test_submit_and_poll_until_the_last_batch_completes() -> None:
     assert run.ended_s["chat"] < run.ended_s["emb"] == run.end_s
     per = run.per_batch()
     assert per["emb"]["completed"] == 40 and per["emb"]["status"] == "completed"
-    assert bb.lines_per_s(run.lines, run.created_s, run.end_s) == pytest.approx(
+    assert lines_per_s(run.lines, run.created_s, run.end_s) == pytest.approx(
         50 / (run.ended_s["emb"] - run.created_s)
     )
