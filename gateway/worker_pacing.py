@@ -6,8 +6,8 @@ the controller's tick, adds each worker's caps to its snapshot for the scheduler
 with prefill pacing on (the default), counts the prompts each worker has in prefill: a
 token gap that overlapped one is a prefill stall, not a decode step, and a background
 prompt admitted is a prefill debt. With prefill pacing off none of that counting runs.
-It also puts the flood limit (``PacingRule.flood_prefill``) on every worker's snapshot,
-paced yet or not.
+It also puts the flood limit (``PacingRule.flood_prefill``) and the background prefill
+limit (``PacingRule.background_prefill``) on every worker's snapshot, paced yet or not.
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ class WorkerPacing:
 
     def reconfigure(self, rule: PacingRule | None, app_floor: int | None) -> None:
         """A new rule or floor restarts the pacers (from the rule's max cap); a new flood
-        limit alone does not. Prompts admitted before a reload turned prefill pacing on were
-        not counted: until they leave prefill (a few intervals at most) their stalls count
-        as decode gaps, the price of not counting prefills on every admission while prefill
-        pacing is off."""
+        or background prefill limit alone does not. Prompts admitted before a reload turned
+        prefill pacing on were not counted: until they leave prefill (a few intervals at
+        most) their stalls count as decode gaps, the price of not counting prefills on every
+        admission while prefill pacing is off."""
         restart = _pacer_rule(rule) != _pacer_rule(self.rule) or app_floor != self.app_floor
         self.rule = rule
         self.app_floor = app_floor
@@ -147,26 +147,22 @@ class WorkerPacing:
 
     def apply(self, snaps: Sequence[WorkerSnapshot], now: float) -> list[WorkerSnapshot]:
         """``snaps`` with each paced worker's caps and whether its prefill duty is open, and
-        every worker's flood limit (before its first token too: a cold start's burst)."""
+        every worker's flood limit and, but on an embeddings worker (no decoding streams to
+        protect), the background prefill limit (before its first token too: a cold start's
+        burst)."""
         flood = self.flood
         flood_at, flood_prefill = (None, None) if flood is None else flood
+        bg_prefill = None if self.rule is None else self.rule.background_prefill
         out = []
         for s in snaps:
+            bg = None if s.role == "embeddings" else bg_prefill
+            s = replace(s, flood_at=flood_at, flood_prefill=flood_prefill, background_prefill=bg)
             p = self._pacers.get(s.name)
             if p is None:
-                out.append(replace(s, flood_at=flood_at, flood_prefill=flood_prefill))
+                out.append(s)
                 continue
             is_open = p.prefill_open(now, self._rates.rate(s.name))
-            out.append(
-                replace(
-                    s,
-                    background_cap=p.cap,
-                    app_cap=p.app_cap,
-                    prefill_open=is_open,
-                    flood_at=flood_at,
-                    flood_prefill=flood_prefill,
-                )
-            )
+            out.append(replace(s, background_cap=p.cap, app_cap=p.app_cap, prefill_open=is_open))
         return out
 
     @property
@@ -198,5 +194,5 @@ def _ended(counts: dict[str, int], ended_at: dict[str, float], worker: str, now:
 
 
 def _pacer_rule(rule: PacingRule | None) -> PacingRule | None:
-    """What the pacers run on: the rule without the flood limit (not theirs to apply)."""
-    return None if rule is None else replace(rule, flood_prefill=None)
+    """What the pacers run on: the rule without the prefill limits (not theirs to apply)."""
+    return None if rule is None else replace(rule, flood_prefill=None, background_prefill=None)

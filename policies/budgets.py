@@ -45,6 +45,12 @@ class WorkerUsage:
     interactive_prefill_by_app: Mapping[str, int] = field(
         default_factory=lambda: MappingProxyType({})
     )
+    interactive_prefill_requests: int = 0  # the interactive part of prefill_requests
+
+    @property
+    def background_prefill_requests(self) -> int:
+        """Background (non-interactive) requests in prefill here."""
+        return self.prefill_requests - self.interactive_prefill_requests
 
     @property
     def heaviest_app(self) -> int:
@@ -70,6 +76,7 @@ class WorkerLoad:
         self._prefill = 0
         self._prefill_interactive = 0
         self._prefill_requests = 0
+        self._prefill_interactive_requests = 0
         self._interactive = 0
         self._by_app: dict[str, int] = {}  # interactive sequences by app
         self._prefill_by_app: dict[str, int] = {}  # interactive requests in prefill by app
@@ -89,6 +96,7 @@ class WorkerLoad:
         self._prefill_requests += 1
         if interactive:
             self._prefill_interactive += prompt_tokens
+            self._prefill_interactive_requests += 1
             self._interactive += sequences
             if app is not None:
                 self._by_app[app] = self._by_app.get(app, 0) + sequences
@@ -101,6 +109,7 @@ class WorkerLoad:
         self._prefill_requests -= 1
         if interactive:
             self._prefill_interactive -= prompt_tokens
+            self._prefill_interactive_requests -= 1
             if app is not None:
                 _take(self._prefill_by_app, app, 1)
 
@@ -126,6 +135,7 @@ class WorkerLoad:
             interactive_in_flight=self._interactive,
             interactive_by_app=MappingProxyType(dict(self._by_app)),
             interactive_prefill_by_app=MappingProxyType(dict(self._prefill_by_app)),
+            interactive_prefill_requests=self._prefill_interactive_requests,
         )
 
 
@@ -146,7 +156,8 @@ def check(
     Background classes may not use the interactive reserve (slots or prefill tokens) and
     wait while the worker is saturated or has as many background sequences as its
     decode-pacing cap (``WorkerSnapshot.background_cap``) or while its prefill duty is
-    used up (``prefill_open``); an interactive request waits
+    used up (``prefill_open``), and while it has ``background_prefill`` background prompts
+    in prefill (``prefill``); an interactive request waits
     while its app has as many interactive sequences there as the per-app pacing cap
     (``WorkerSnapshot.app_cap``; an app with none there is always let in) or while it
     floods the worker and has its limit of prompts in prefill there (``flood_at``,
@@ -172,6 +183,13 @@ def check(
         return Verdict.PACED
     if interactive and app is not None and app_paced(worker, usage, app, sequences):
         return Verdict.APP_PACED
+    bg_prefill = worker.background_prefill
+    if (
+        not interactive
+        and bg_prefill is not None
+        and usage.background_prefill_requests >= bg_prefill
+    ):
+        return Verdict.PREFILL
     if lim.max_in_flight is not None:
         slots = lim.max_in_flight - (0 if interactive else lim.interactive_reserved_slots)
         alone = sequences > 1 and usage.in_flight == 0  # too big to ever fit: runs alone

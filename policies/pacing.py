@@ -83,6 +83,9 @@ class PacingRule:
     # The interactive gap the prefill duty may grow to while background work is behind
     # (None: prefill_gap_s always). Only with prefill_gap_s, and not below it.
     behind_gap_s: float | None = None
+    # Background prompts a worker may have in prefill at once; None: no limit
+    # (policies.budgets).
+    background_prefill: int | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.target_gap_s) and self.target_gap_s > 0):
@@ -100,6 +103,8 @@ class PacingRule:
             raise ValueError("prefill_gap_s must be > 0")
         if self.flood_prefill is not None and self.flood_prefill < 1:
             raise ValueError("flood_prefill must be >= 1")
+        if self.background_prefill is not None and self.background_prefill < 1:
+            raise ValueError("background_prefill must be >= 1")
         behind = self.behind_gap_s
         if behind is not None and (gap is None or not (math.isfinite(behind) and behind >= gap)):
             raise ValueError("behind_gap_s needs prefill_gap_s and must be >= it")

@@ -228,10 +228,21 @@ class WorkerSnapshot:
     # no such limit.
     flood_at: int | None = None
     flood_prefill: int | None = None
+    # Background prompts the worker may have in prefill at once (policies.budgets): an
+    # interactive prompt waits in vLLM's first-come-first-served queue behind at most these;
+    # None: no such limit.
+    background_prefill: int | None = None
 
     def __post_init__(self) -> None:
         _require(bool(self.name), "worker name must not be empty")
-        for cap in (self.background_cap, self.app_cap, self.flood_at, self.flood_prefill):
+        caps = (
+            self.background_cap,
+            self.app_cap,
+            self.flood_at,
+            self.flood_prefill,
+            self.background_prefill,
+        )
+        for cap in caps:
             _require(cap is None or cap >= 1, "pacing caps must be >= 1")
 
     @property

@@ -217,6 +217,31 @@ def test_a_flooding_app_may_have_only_its_limit_of_prompts_in_prefill() -> None:
         replace(worker(), flood_prefill=0)
 
 
+def test_background_waits_while_its_limit_of_prompts_is_in_prefill() -> None:
+    """With ``background_prefill`` set, a background request waits (``prefill``) while that
+    many background prompts are in prefill on the worker, whatever the token budget leaves;
+    interactive prompts in prefill do not count and interactive requests never wait on it."""
+    load = WorkerLoad("w0")
+    load.add("rag", False, 1800, app="notes")
+    load.add("chat", True, 40, app="chatui")
+    u = load.usage()
+    assert (u.prefill_requests, u.interactive_prefill_requests) == (2, 1)
+    assert u.background_prefill_requests == 1
+    w = replace(worker(), background_prefill=1)
+    assert check(w, u, "rag", False, 100, app="notes") is Verdict.PREFILL
+    assert check(w, u, "chat", True, 40, app="chatui") is Verdict.FITS
+    for looser in (replace(w, background_prefill=2), replace(w, background_prefill=None)):
+        assert check(looser, u, "rag", False, 100, app="notes") is Verdict.FITS
+    load.end_prefill(False, 1800, app="notes")  # its first token: the next may go
+    u = load.usage()
+    assert (u.background_prefill_requests, u.interactive_prefill_requests) == (0, 1)
+    assert check(w, u, "rag", False, 100, app="notes") is Verdict.FITS
+    load.end_prefill(True, 40, app="chatui")
+    assert load.usage().interactive_prefill_requests == 0
+    with pytest.raises(ValueError):
+        replace(worker(), background_prefill=0)
+
+
 def test_the_scheduler_releases_a_flooding_apps_next_prompt_at_its_first_token() -> None:
     sched = Scheduler(classes(ClassPolicy("chat", 1, interactive=True, fair_share="fcfs")))
     for i in range(6):

@@ -45,6 +45,14 @@ def test_the_flood_prefill_limit_reaches_the_rule() -> None:
         settings(flood_prefill=0)
 
 
+def test_the_background_prefill_limit_is_off_by_default_and_reaches_the_rule() -> None:
+    assert pacing_rule(settings()).background_prefill is None  # type: ignore[union-attr]
+    rule = pacing_rule(settings(background_prefill=1))
+    assert rule is not None and rule.background_prefill == 1
+    with pytest.raises(Exception, match="background_prefill"):
+        settings(background_prefill=0)
+
+
 def test_per_app_off_keeps_background_pacing() -> None:
     s = settings(per_app=False)
     assert pacing_rule(s) is not None
