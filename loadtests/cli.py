@@ -406,7 +406,12 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--tag", help="output file prefix (default: matrix)")
     m.add_argument("--prime-rounds", type=int, default=1)
     m.add_argument("--no-prime", action="store_true")
-    m.add_argument("--restart-warmup", type=float, default=45.0)
+    m.add_argument(
+        "--restart-warmup",
+        type=float,
+        default=Options.restart_warmup_s,
+        help="seconds of unmeasured load on a freshly started worker (%(default)s)",
+    )
     m.add_argument("--tokenize-url")
     m.add_argument("--no-calibrate", action="store_true")
     m.add_argument("--no-progress", action="store_true")
