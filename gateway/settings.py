@@ -393,8 +393,12 @@ class Pacing(_Strict):
     # While a background class's oldest queued request has waited more than half its
     # ttft_ms, the duty may grow until the interactive gap reaches this fraction x the
     # smallest interactive itl_ms instead (not below prefill_fraction); null: off, the
-    # duty holds prefill_fraction whatever waits. Off until measured in the matrix.
-    prefill_behind_fraction: float | None = Field(None, gt=0, le=1)
+    # duty holds prefill_fraction whatever waits. 0.8 (40 ms at a 50 ms itl): over every
+    # matrix point, 3 rounds beside the previous defaults (off), background +24% at
+    # home-mix x10 and +6% at rag-burst x2, no less elsewhere, interactive work at 99% or
+    # more in 9 of 10 points as before; chat TPOT 25 against 13 ms at home-mix x10
+    # (loadtests/results/prefill-behind-full.md).
+    prefill_behind_fraction: float | None = Field(0.8, gt=0, le=1)
     interval_ms: float = Field(500.0, gt=0)  # how often a worker's cap moves
     # The cap at start and its ceiling: 32 long-prompt sequences in flight gave 427 tok/s
     # where 64 gave 259 (pacing-tune.md, run 3).

@@ -72,11 +72,13 @@ def test_app_floor_is_set_by_hand() -> None:
         settings(app_min_cap=0)
 
 
-def test_the_looser_gap_while_background_is_behind_is_off_unless_set() -> None:
+def test_the_looser_gap_while_background_is_behind_is_on_by_default_or_turned_off() -> None:
     rule = pacing_rule(settings())
-    assert rule is not None and rule.behind_gap_s is None
-    rule = pacing_rule(settings(prefill_behind_fraction=0.8))
     assert rule is not None and rule.behind_gap_s == pytest.approx(0.04)  # 0.8 x 50 ms
+    rule = pacing_rule(settings(prefill_behind_fraction=None))
+    assert rule is not None and rule.behind_gap_s is None
+    rule = pacing_rule(settings(prefill_behind_fraction=0.6))
+    assert rule is not None and rule.behind_gap_s == pytest.approx(0.03)  # 0.6 x 50 ms
     # Never tighter than prefill pacing's own gap, and nothing without prefill pacing.
     tighter = pacing_rule(settings(prefill_behind_fraction=0.3))
     assert tighter is not None and tighter.behind_gap_s == pytest.approx(0.025)
