@@ -242,6 +242,29 @@ def test_background_waits_while_its_limit_of_prompts_is_in_prefill() -> None:
         replace(worker(), background_prefill=0)
 
 
+def test_the_scheduler_sends_background_prompts_one_at_a_time_under_the_limit() -> None:
+    """With ``background_prefill`` 1 the scheduler admits the next RAG prompt only once the
+    previous one's prefill ended (first token or finish), while chat still goes at once."""
+    sched = Scheduler(classes())
+    for i in range(3):
+        sched.enqueue(req(f"r{i}", "rag", tenant="notes", arrival=i, prompt=1800), 0.0)
+    w = [replace(worker(), background_prefill=1)]
+    assert [a.request.id for a in sched.admit(1.0, w)] == ["r0"]
+    sched.enqueue(req("c0", "chat", tenant="chatui", arrival=5), 1.1)
+    assert [a.request.id for a in sched.admit(1.1, w)] == ["c0"]  # not held by the limit
+    sched.on_first_token("c0", 1.15)
+    assert [a.request.id for a in sched.admit(1.15, w)] == []  # r0 still in prefill
+    sched.on_first_token("r0", 1.2)
+    assert [a.request.id for a in sched.admit(1.2, w)] == ["r1"]
+    sched.on_finish("r1", None, None, 1.3)  # ended before its first token: released too
+    assert [a.request.id for a in sched.admit(1.3, w)] == ["r2"]
+    # Without the limit the budget alone decides: both RAG prompts of 1,800 tokens fit.
+    free = Scheduler(classes())
+    for i in range(3):
+        free.enqueue(req(f"r{i}", "rag", tenant="notes", arrival=i, prompt=1800), 0.0)
+    assert len(free.admit(1.0, [worker(prefill_token_budget=4096)])) == 2
+
+
 def test_the_scheduler_releases_a_flooding_apps_next_prompt_at_its_first_token() -> None:
     sched = Scheduler(classes(ClassPolicy("chat", 1, interactive=True, fair_share="fcfs")))
     for i in range(6):
