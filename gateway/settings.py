@@ -395,8 +395,8 @@ class Pacing(_Strict):
     # smallest interactive itl_ms instead (not below prefill_fraction); null: off, the
     # duty holds prefill_fraction whatever waits. 0.8 (40 ms at a 50 ms itl): over every
     # matrix point, 3 rounds beside the previous defaults (off), background +24% at
-    # home-mix x10 and +6% at rag-burst x2, no less elsewhere, interactive work at 99% or
-    # more in 9 of 10 points as before; chat TPOT 25 against 13 ms at home-mix x10
+    # home-mix x10 and +6% at rag-burst x2, within -1..+3% elsewhere, interactive work at
+    # 99% or more in 9 of 10 points as before; chat TPOT 25 against 13 ms at home-mix x10
     # (loadtests/results/prefill-behind-full.md).
     prefill_behind_fraction: float | None = Field(0.8, gt=0, le=1)
     interval_ms: float = Field(500.0, gt=0)  # how often a worker's cap moves
