@@ -419,10 +419,10 @@ class Pacing(_Strict):
     # 1: beside a scraper flood the chat UI's TTFT p99 96-114 ms
     # where no limit gave 140-296 ms (loadtests/results/flood-1.md).
     flood_prefill: int | None = Field(1, ge=1)
-    # Background prompts a worker may have in prefill at once (counted as for
+    # Background prompts a general worker may have in prefill at once (counted as for
     # flood_prefill), so an interactive prompt waits in vLLM's first-come-first-served
     # queue behind at most these; null: only the prefill token budget and duty hold them.
-    # Off until measured in the matrix.
+    # Long-prefill and embeddings workers are not held to it.
     background_prefill: int | None = Field(None, ge=1)
 
 

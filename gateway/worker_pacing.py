@@ -147,15 +147,16 @@ class WorkerPacing:
 
     def apply(self, snaps: Sequence[WorkerSnapshot], now: float) -> list[WorkerSnapshot]:
         """``snaps`` with each paced worker's caps and whether its prefill duty is open, and
-        every worker's flood limit and, but on an embeddings worker (no decoding streams to
-        protect), the background prefill limit (before its first token too: a cold start's
-        burst)."""
+        every worker's flood limit and, on a general worker, the background prefill limit
+        (before its first token too: a cold start's burst). A long-prefill or embeddings
+        worker is there to take background prompts; the limit protects interactive prompts
+        where they run beside them."""
         flood = self.flood
         flood_at, flood_prefill = (None, None) if flood is None else flood
         bg_prefill = None if self.rule is None else self.rule.background_prefill
         out = []
         for s in snaps:
-            bg = None if s.role == "embeddings" else bg_prefill
+            bg = bg_prefill if s.role == "general" else None
             s = replace(s, flood_at=flood_at, flood_prefill=flood_prefill, background_prefill=bg)
             p = self._pacers.get(s.name)
             if p is None:

@@ -143,18 +143,24 @@ def test_snapshots_carry_the_flood_limit_only_with_per_app_pacing() -> None:
     assert p.apply(snaps, 101.0)[0].flood_prefill is None  # no limit set
 
 
-def test_snapshots_carry_the_background_prefill_limit_but_an_embeddings_workers() -> None:
-    """The limit protects decoding streams: every generation worker's snapshot carries it,
-    paced yet or not; an embeddings worker's does not."""
+def test_snapshots_carry_the_background_prefill_limit_on_general_workers_only() -> None:
+    """The limit protects interactive prompts where they run beside background ones: every
+    general worker's snapshot carries it, paced yet or not; a long-prefill or embeddings
+    worker's does not (background prompts are what it is there for)."""
     rule = PacingRule(target_gap_s=0.015, interval_s=0.5, max_cap=8, background_prefill=1)
-    snaps = [WorkerSnapshot("w0"), WorkerSnapshot("w1"), WorkerSnapshot("e0", role="embeddings")]
+    snaps = [
+        WorkerSnapshot("w0"),
+        WorkerSnapshot("w1"),
+        WorkerSnapshot("long", role="long_prefill"),
+        WorkerSnapshot("e0", role="embeddings"),
+    ]
     p = WorkerPacing(rule, 4, PrefillRates())
     slow_gaps(p, 100.0)  # w0 is paced from here, w1 never
     limits = {w.name: w.background_prefill for w in p.apply(snaps, 101.0)}
-    assert limits == {"w0": 1, "w1": 1, "e0": None}
+    assert limits == {"w0": 1, "w1": 1, "long": None, "e0": None}
     p.reconfigure(replace(rule, background_prefill=None), 4)
     assert p.state() != {}  # the limit alone is not the pacers' rule
-    assert [w.background_prefill for w in p.apply(snaps, 101.0)] == [None, None, None]
+    assert [w.background_prefill for w in p.apply(snaps, 101.0)] == [None] * 4
 
 
 def test_a_new_flood_limit_alone_keeps_the_pacers() -> None:
