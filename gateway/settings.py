@@ -422,7 +422,9 @@ class Pacing(_Strict):
     # Background prompts a general worker may have in prefill at once (counted as for
     # flood_prefill), so an interactive prompt waits in vLLM's first-come-first-served
     # queue behind at most these; null: only the prefill token budget and duty hold them.
-    # Long-prefill and embeddings workers are not held to it.
+    # Long-prefill and embeddings workers are not held to it. Off: 1 gave more background
+    # at home-mix x4 and x10 (+5%, +14%) but let chat miss in one round of each doubled and
+    # tripled RAG burst (91.5%, 96.3%; loadtests/results/bg-prefill.md, bg-prefill-rest.md).
     background_prefill: int | None = Field(None, ge=1)
 
 
