@@ -6,8 +6,9 @@ the controller's tick, adds each worker's caps to its snapshot for the scheduler
 with prefill pacing on (the default), counts the prompts each worker has in prefill: a
 token gap that overlapped one is a prefill stall, not a decode step, and a background
 prompt admitted is a prefill debt. With prefill pacing off none of that counting runs.
-It also puts the flood limit (``PacingRule.flood_prefill``) and the background prefill
-limit (``PacingRule.background_prefill``) on every worker's snapshot, paced yet or not.
+It also puts the flood limit (``PacingRule.flood_prefill``) on every worker's snapshot and
+the background prefill limit (``PacingRule.background_prefill``) on every general worker's,
+paced yet or not.
 """
 
 from __future__ import annotations
@@ -157,13 +158,25 @@ class WorkerPacing:
         out = []
         for s in snaps:
             bg = bg_prefill if s.role == "general" else None
-            s = replace(s, flood_at=flood_at, flood_prefill=flood_prefill, background_prefill=bg)
             p = self._pacers.get(s.name)
             if p is None:
-                out.append(s)
+                out.append(
+                    replace(
+                        s, flood_at=flood_at, flood_prefill=flood_prefill, background_prefill=bg
+                    )
+                )
                 continue
-            is_open = p.prefill_open(now, self._rates.rate(s.name))
-            out.append(replace(s, background_cap=p.cap, app_cap=p.app_cap, prefill_open=is_open))
+            out.append(
+                replace(
+                    s,
+                    background_cap=p.cap,
+                    app_cap=p.app_cap,
+                    prefill_open=p.prefill_open(now, self._rates.rate(s.name)),
+                    flood_at=flood_at,
+                    flood_prefill=flood_prefill,
+                    background_prefill=bg,
+                )
+            )
         return out
 
     @property
