@@ -39,7 +39,7 @@ more than ``BEHIND`` of its own first-token target), the gap the duty holds loos
 (not half of it): interactive streams stay within their own targets, and background
 is not held to a fixed share of the worker it cannot keep up in (at RAG 3/s of 1.8k-token
 prompts on a CPU worker that prefills ~10k tokens/s, a duty held near 0.5 queued RAG for
-22 s at p50: results/matrix.md).
+22 s at p50: results/matrix.md of 2026-12-02 in git history).
 
 An interactive first token that came late cuts the decode cap as well: while long prompts
 are in prefill all the time, no gap is free of them and the decode batch would grow unseen.
