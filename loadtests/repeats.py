@@ -16,7 +16,8 @@ from typing import Any
 _SUMMED = ("requests", "completed", "rejected", "failed", "good")
 
 
-def _median(values: list[Any]) -> float | None:
+def median_of(values: list[Any]) -> float | None:
+    """The median of the values that are not None, rounded to 4 places; None for none."""
     xs = [float(v) for v in values if v is not None]
     return round(statistics.median(xs), 4) if xs else None
 
@@ -32,11 +33,11 @@ def merge_class(runs: list[dict[str, Any]]) -> dict[str, Any]:
         elif key == "attainment":
             continue
         else:
-            out[key] = _median(values)
+            out[key] = median_of(values)
     out["attainment"] = round(out["good"] / out["requests"], 4) if out["requests"] else None
     atts = [r["attainment"] for r in runs]
     out["attainment_runs"] = atts
-    out["attainment_median"] = _median(atts)
+    out["attainment_median"] = median_of(atts)
     present = [a for a in atts if a is not None]
     out["attainment_min"] = min(present) if present else None
     out["attainment_max"] = max(present) if present else None
@@ -54,7 +55,7 @@ def merge_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     run_block = dict(median_run["run"])
     for key in ("requests", "warmup_requests", "completed", "rejected", "failed"):
         run_block[key] = sum(int(r["run"][key]) for r in runs)
-    run_block["drain_s"] = _median([r["run"]["drain_s"] for r in runs])
+    run_block["drain_s"] = median_of([r["run"]["drain_s"] for r in runs])
     lags = [r["run"]["send_lag_max_s"] for r in runs if r["run"]["send_lag_max_s"] is not None]
     run_block["send_lag_max_s"] = max(lags) if lags else None
     inter_runs = [r["interactive"]["attainment"] for r in runs]
@@ -66,13 +67,13 @@ def merge_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
         if inter_n
         else None,
         "attainment_runs": inter_runs,
-        "background_output_tokens_per_s": _median(
+        "background_output_tokens_per_s": median_of(
             [r["interactive"]["background_output_tokens_per_s"] for r in runs]
         ),
         "background_output_tokens_per_s_runs": [
             r["interactive"]["background_output_tokens_per_s"] for r in runs
         ],
-        "goodput_rps": _median([r["interactive"]["goodput_rps"] for r in runs]),
+        "goodput_rps": median_of([r["interactive"]["goodput_rps"] for r in runs]),
     }
     out = {
         **median_run,
@@ -90,7 +91,7 @@ def merge_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
         out["embeddings"] = {
             k: v
             if isinstance(v, str)
-            else _median([(r.get("embeddings") or {}).get(k) for r in runs])
+            else median_of([(r.get("embeddings") or {}).get(k) for r in runs])
             for k, v in median_run["embeddings"].items()
         }
     return out

@@ -209,6 +209,35 @@ def server_summary(samples: Sequence[Sample]) -> dict[str, dict[str, dict[str, f
     return out
 
 
+# Gateway gauges whose course over the steady window the summary keeps (`gateway_gauges`):
+# what pacing allowed each worker and what waited per class, to see why a cell came out as
+# it did (the run-wide mean and max of every gauge are under `server`).
+STEADY_GAUGES: tuple[str, ...] = ("hearthgate_pacing_", "hearthgate_queue_depth")
+
+
+def steady_gauges(
+    samples: Sequence[Sample], *, warmup_s: float, duration_s: float
+) -> dict[str, dict[str, float | None]]:
+    """Per gateway gauge named in ``STEADY_GAUGES`` (keyed with its labels): its mean and
+    10th, 50th and 90th percentiles over the scrapes inside the steady window."""
+    series: dict[str, list[float]] = defaultdict(list)
+    for s in samples:
+        if s.source != "gateway" or not warmup_s <= s.t_s <= duration_s:
+            continue
+        for k, v in s.values.items():
+            if k.startswith(STEADY_GAUGES):
+                series[k].append(v)
+    return {
+        k: {
+            "mean": _r(mean(vs)),
+            "p10": _r(percentile(vs, 10)),
+            "p50": _r(percentile(vs, 50)),
+            "p90": _r(percentile(vs, 90)),
+        }
+        for k, vs in sorted(series.items())
+    }
+
+
 def counter_increase(samples: Sequence[Sample], source: str, name: str) -> float | None:
     """The increase of counter `name` (summed over its label sets) from the first sample of
     `source` to its last; None when no sample of `source` holds it. A series missing from a
@@ -321,6 +350,9 @@ def summarize(result: RunResult, scenario: Scenario) -> dict[str, Any]:
         },
         "server": server_summary(result.samples),
     }
+    gauges = steady_gauges(result.samples, warmup_s=warm, duration_s=dur)
+    if gauges:
+        out["gateway_gauges"] = gauges
     # Classes that several flows (apps) share: each flow's own numbers, under the class's SLO.
     by_flow: dict[str, list[RequestRecord]] = defaultdict(list)
     for r in recs:

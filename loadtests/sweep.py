@@ -14,13 +14,14 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hearthgate.loadtests import bench, plots
 from hearthgate.loadtests.markdown import _fmt, _table
 from hearthgate.loadtests.matrix import Options, run_matrix
 from hearthgate.loadtests.records import write_jsonl
-from hearthgate.loadtests.repeats import merge_runs
+from hearthgate.loadtests.repeats import median_of, merge_runs
 from hearthgate.loadtests.report import summarize
 from hearthgate.loadtests.scenario import Scenario, ScenarioError
 
@@ -77,12 +78,13 @@ STAT_KEYS = (
 
 def point_stats(outs: list[bench.TargetOutcome], scenario: Scenario) -> dict[str, Any]:
     """One target at one workload over its runs: interactive attainment and background
-    tokens (medians, each run's value too), goodput, and per class and per flow the
-    medians of ``STAT_KEYS``."""
-    s = merge_runs([summarize(o.result, scenario) for o in outs])
+    tokens (medians, each run's value too), goodput, per class and per flow the medians of
+    ``STAT_KEYS``, and through a gateway what its pacing and queues held (``merge_gauges``)."""
+    runs = [summarize(o.result, scenario) for o in outs]
+    s = merge_runs(runs)
     inter = s["interactive"]
     bg = inter["background_output_tokens_per_s"]
-    return {
+    out: dict[str, Any] = {
         "interactive_attainment": inter["attainment"],
         "interactive_attainment_runs": inter.get("attainment_runs", [inter["attainment"]]),
         "background_output_tokens_per_s": bg,
@@ -93,6 +95,27 @@ def point_stats(outs: list[bench.TargetOutcome], scenario: Scenario) -> dict[str
         "classes": {c: {k: cs[k] for k in STAT_KEYS} for c, cs in s["classes"].items()},
         "flows": {f: {k: fs.get(k) for k in STAT_KEYS} for f, fs in s.get("flows", {}).items()},
     }
+    gauges = merge_gauges([r.get("gateway_gauges") or {} for r in runs])
+    if gauges:
+        out["gateway_gauges"] = gauges
+    return out
+
+
+def merge_gauges(
+    runs: Sequence[Mapping[str, Mapping[str, float | None]]],
+) -> dict[str, dict[str, Any]]:
+    """Each gauge's steady-window statistics (report.steady_gauges) over runs: the median of
+    each, and every run's mean (None for a run whose gateway never showed the gauge)."""
+    keys = sorted({k for r in runs for k in r})
+    out: dict[str, dict[str, Any]] = {}
+    for k in keys:
+        got = [r[k] for r in runs if k in r]
+        row: dict[str, Any] = {
+            stat: median_of([g.get(stat) for g in got]) for stat in ("mean", "p10", "p50", "p90")
+        }
+        row["mean_runs"] = [r[k]["mean"] if k in r else None for r in runs]
+        out[k] = row
+    return out
 
 
 def sweep_summary(

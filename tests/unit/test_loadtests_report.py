@@ -1,4 +1,4 @@
-"""Percentile, fairness and attainment math on hand-computed cases."""
+"""Percentile, fairness, attainment and gauge-summary math on hand-computed cases."""
 
 from __future__ import annotations
 
@@ -6,13 +6,22 @@ from typing import Any
 
 import pytest
 
+from hearthgate.loadtests import bench
 from hearthgate.loadtests.bench import failures_line
 from hearthgate.loadtests.client import queued_seconds
-from hearthgate.loadtests.records import RequestRecord, classify_status
+from hearthgate.loadtests.records import RequestRecord, Sample, classify_status
 from hearthgate.loadtests.repeats import merge_runs
-from hearthgate.loadtests.report import class_summary, fairness, meets_slo, window_tokens
-from hearthgate.loadtests.scenario import Slo
+from hearthgate.loadtests.report import (
+    class_summary,
+    fairness,
+    meets_slo,
+    steady_gauges,
+    window_tokens,
+)
+from hearthgate.loadtests.runner import Endpoints, RunResult
+from hearthgate.loadtests.scenario import Slo, load_scenario
 from hearthgate.loadtests.stats import jain_index, max_min_fair, percentile
+from hearthgate.loadtests.sweep import merge_gauges, point_stats
 
 
 def test_percentile_linear_interpolation() -> None:
@@ -322,3 +331,56 @@ def test_failures_line_names_flows_and_the_first_error() -> None:
     assert failures_line("gw", [ok, shed, *broken]) == (
         "bench: gw: 3 requests failed (chat/a 1, chat/b 2), e.g. r2: x"
     )
+
+
+def _gw(t: float, values: dict[str, float], source: str = "gateway") -> Sample:
+    return Sample("gw", source, t, values)
+
+
+def test_steady_gauges_keep_pacing_and_queues_inside_the_window() -> None:
+    duty = 'hearthgate_pacing_prefill_duty{worker="gen"}'
+    rag = 'hearthgate_queue_depth{cls="rag"}'
+    samples = [
+        _gw(1.0, {duty: 0.1, rag: 50.0}),  # warm-up: left out
+        *(
+            _gw(5.0 + i, {duty: 0.1 * (i + 1), rag: float(i), "hearthgate_in_flight": 3.0})
+            for i in range(10)
+        ),
+        _gw(30.0, {duty: 0.0}),  # after the window: left out
+        _gw(6.0, {duty: 9.0}, source="worker"),  # not the gateway's
+    ]
+    got = steady_gauges(samples, warmup_s=5.0, duration_s=20.0)
+    assert set(got) == {duty, rag}  # other gauges stay under `server`
+    assert got[duty]["mean"] == pytest.approx(0.55)
+    assert got[duty]["p10"] == pytest.approx(0.19)
+    assert got[duty]["p90"] == pytest.approx(0.91)
+    assert got[rag]["p50"] == pytest.approx(4.5)
+    assert steady_gauges(samples, warmup_s=40.0, duration_s=50.0) == {}
+
+
+def test_merge_gauges_takes_medians_and_keeps_each_runs_mean() -> None:
+    cap = 'hearthgate_pacing_background_cap{worker="gen"}'
+    one = {"mean": 4.0, "p10": 1.0, "p50": 4.0, "p90": 8.0}
+    two = {"mean": 6.0, "p10": 2.0, "p50": 5.0, "p90": 9.0}
+    three = {"mean": 10.0, "p10": 3.0, "p50": 6.0, "p90": 20.0}
+    got = merge_gauges([{cap: one}, {cap: three}, {cap: two}, {}])
+    assert got[cap]["mean"] == 6.0
+    assert got[cap]["p90"] == 9.0
+    assert got[cap]["mean_runs"] == [4.0, 10.0, 6.0, None]
+    assert merge_gauges([{}, {}]) == {}
+
+
+def test_point_stats_carry_the_gateways_steady_gauges() -> None:
+    sc = load_scenario("rag-burst")
+    cap = 'hearthgate_pacing_background_cap{worker="gen"}'
+
+    def outcome(caps: list[float], with_gateway: bool = True) -> bench.TargetOutcome:
+        t0 = sc.warmup_s
+        samples = [_gw(t0 + i, {cap: c}) for i, c in enumerate(caps)] if with_gateway else []
+        result = RunResult("gw", sc.name, [], samples, "now", sc.duration_s, sc.warmup_s)
+        return bench.TargetOutcome(Endpoints("gw", "http://127.0.0.1:1"), result)
+
+    got = point_stats([outcome([2.0, 4.0]), outcome([8.0, 8.0]), outcome([1.0, 1.0])], sc)
+    assert got["gateway_gauges"][cap]["mean"] == 3.0
+    assert got["gateway_gauges"][cap]["mean_runs"] == [3.0, 8.0, 1.0]
+    assert "gateway_gauges" not in point_stats([outcome([], with_gateway=False)], sc)
