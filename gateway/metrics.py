@@ -315,7 +315,16 @@ class SchedulerCollector(Collector):
             "Share of each worker's measured prefill speed background prompts may use now",
             labels=["worker"],
         )
+        cuts = CounterMetricFamily(
+            "hearthgate_pacing_cuts",
+            "Times each pacing lever of each worker was cut since its pacer started: "
+            "lever background (cap), duty (prefill) or app (per-app cap); reason gap (mean "
+            "token gap over its target) or late (an interactive first token came late)",
+            labels=["worker", "lever", "reason"],
+        )
         for name, state in self._pacing().items():
+            for lever, reason, count in state.cut_counts():
+                cuts.add_metric([name, lever, reason], count)
             cap.add_metric([name], state.background_cap)
             if state.prefill_duty is not None:
                 duty.add_metric([name], state.prefill_duty)
@@ -323,7 +332,7 @@ class SchedulerCollector(Collector):
                 app_cap.add_metric([name], state.app_cap)
             if state.token_gap_s is not None:
                 gap.add_metric([name], state.token_gap_s)
-        yield from (cap, app_cap, gap, duty)
+        yield from (cap, app_cap, gap, duty, cuts)
 
 
 @dataclass(frozen=True)

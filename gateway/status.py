@@ -63,6 +63,8 @@ def render_status(
                 "prefill_duty": None
                 if paced.prefill_duty is None
                 else round(paced.prefill_duty, 2),
+                # Times each lever was cut, by reason ("gap" / "late"): what holds it.
+                "cuts": {f"{lever}_{reason}": n for lever, reason, n in paced.cut_counts()},
             }
     classes = scheduler.classes
     queues = {

@@ -211,31 +211,46 @@ def server_summary(samples: Sequence[Sample]) -> dict[str, dict[str, dict[str, f
 
 # Gateway gauges whose course over the steady window the summary keeps (`gateway_gauges`):
 # what pacing allowed each worker and what waited per class, to see why a cell came out as
-# it did (the run-wide mean and max of every gauge are under `server`).
+# it did (the run-wide mean and max of every gauge are under `server`), and the counters
+# whose increase over that window it keeps: why pacing cut what it cut.
 STEADY_GAUGES: tuple[str, ...] = ("hearthgate_pacing_", "hearthgate_queue_depth")
+STEADY_COUNTERS: tuple[str, ...] = ("hearthgate_pacing_cuts_total",)
+
+
+def _is_counter(key: str) -> bool:
+    return key.split("{", 1)[0] in STEADY_COUNTERS
 
 
 def steady_gauges(
     samples: Sequence[Sample], *, warmup_s: float, duration_s: float
 ) -> dict[str, dict[str, float | None]]:
     """Per gateway gauge named in ``STEADY_GAUGES`` (keyed with its labels): its mean and
-    10th, 50th and 90th percentiles over the scrapes inside the steady window."""
+    10th, 50th and 90th percentiles over the scrapes inside the steady window; per counter
+    in ``STEADY_COUNTERS``: its ``increase`` over the window (from the last scrape before
+    it, where a series not yet shown counts 0, to the last scrape inside it)."""
+    gw = sorted((s for s in samples if s.source == "gateway"), key=lambda s: s.t_s)
+    inside = [s for s in gw if warmup_s <= s.t_s <= duration_s]
+    before = [s for s in gw if s.t_s < warmup_s]
     series: dict[str, list[float]] = defaultdict(list)
-    for s in samples:
-        if s.source != "gateway" or not warmup_s <= s.t_s <= duration_s:
-            continue
+    for s in inside:
         for k, v in s.values.items():
-            if k.startswith(STEADY_GAUGES):
+            if k.startswith(STEADY_GAUGES) and not _is_counter(k):
                 series[k].append(v)
-    return {
+    out: dict[str, dict[str, float | None]] = {
         k: {
             "mean": _r(mean(vs)),
             "p10": _r(percentile(vs, 10)),
             "p50": _r(percentile(vs, 50)),
             "p90": _r(percentile(vs, 90)),
         }
-        for k, vs in sorted(series.items())
+        for k, vs in series.items()
     }
+    if inside:
+        start = before[-1].values if before else {}
+        for k, v in inside[-1].values.items():
+            if _is_counter(k):
+                out[k] = {"increase": _r(v - start.get(k, 0.0))}
+    return dict(sorted(out.items()))
 
 
 def counter_increase(samples: Sequence[Sample], source: str, name: str) -> float | None:

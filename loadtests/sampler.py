@@ -3,7 +3,8 @@
 vLLM's gauges of interest are summed over their label sets (one engine per worker here). For
 the gateway every *gauge* whose name starts with `hearthgate_` is kept, keyed with its labels,
 so the sampler does not depend on the gateway's exact metric names, plus the few counters in
-`GATEWAY_COUNTERS` (the coalescer's upstream calls), whose increase the report shows.
+`GATEWAY_COUNTERS` (the coalescer's upstream calls, pacing's cuts), whose increase the report
+shows.
 
 Several generation workers (a round-robin split, or the gateway's two workers) are one `worker`
 series: each scrape reads every worker and records the sum over workers, except KV cache usage,
@@ -35,6 +36,7 @@ GATEWAY_PREFIX = "hearthgate_"
 GATEWAY_COUNTERS: tuple[str, ...] = (
     "hearthgate_coalesce_upstream_calls_total",
     "hearthgate_coalesce_calls_saved_total",
+    "hearthgate_pacing_cuts_total",
 )
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)(?:\s+\S+)?$")

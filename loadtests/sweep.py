@@ -104,16 +104,17 @@ def point_stats(outs: list[bench.TargetOutcome], scenario: Scenario) -> dict[str
 def merge_gauges(
     runs: Sequence[Mapping[str, Mapping[str, float | None]]],
 ) -> dict[str, dict[str, Any]]:
-    """Each gauge's steady-window statistics (report.steady_gauges) over runs: the median of
-    each, and every run's mean (None for a run whose gateway never showed the gauge)."""
+    """Each gauge's or counter's steady-window statistics (report.steady_gauges) over runs:
+    the median of each, and every run's mean (a counter: its increase) in ``mean_runs``
+    (``increase_runs``), None for a run whose gateway never showed it."""
     keys = sorted({k for r in runs for k in r})
     out: dict[str, dict[str, Any]] = {}
     for k in keys:
         got = [r[k] for r in runs if k in r]
-        row: dict[str, Any] = {
-            stat: median_of([g.get(stat) for g in got]) for stat in ("mean", "p10", "p50", "p90")
-        }
-        row["mean_runs"] = [r[k]["mean"] if k in r else None for r in runs]
+        stats = sorted({stat for g in got for stat in g})
+        row: dict[str, Any] = {stat: median_of([g.get(stat) for g in got]) for stat in stats}
+        main = "mean" if "mean" in stats else "increase"
+        row[f"{main}_runs"] = [r[k].get(main) if k in r else None for r in runs]
         out[k] = row
     return out
 

@@ -121,6 +121,8 @@ class DecodePacer:
         self._time = 0.0
         self._tokens = 0
         self._settling = False  # a cut was made; wait until in-flight work is down to it
+        self.cuts_gap = 0  # cuts made because the mean gap was over the target
+        self.cuts_late = 0  # cuts made because an interactive first token came late
 
     def observe(self, seconds: float, tokens: int) -> None:
         """``tokens`` tokens of one stream arrived ``seconds`` after its previous token."""
@@ -152,6 +154,10 @@ class DecodePacer:
                 base = min(self.cap, background_in_flight)
                 self.cap = max(r.min_cap, math.floor(base * r.decrease))
                 self._settling = background_in_flight > self.cap
+                if slow:
+                    self.cuts_late += 1
+                else:
+                    self.cuts_gap += 1
         elif gap < r.headroom * r.target_gap_s and background_in_flight >= self.cap:
             self.cap = min(r.max_cap, self.cap + 1)
         return self.cap
@@ -211,6 +217,8 @@ class PrefillPacer:
         self._paid_at = now
         # The latest interactive first token of this interval, as a share of its target.
         self._lateness = 0.0
+        self.cuts_gap = 0  # intervals the duty was cut for the interactive gap
+        self.cuts_late = 0  # intervals the duty was cut for a late interactive first token
 
     def observe(self, seconds: float, tokens: int) -> None:
         """An interactive stream's ``tokens`` came ``seconds`` after its previous token."""
@@ -244,6 +252,7 @@ class PrefillPacer:
         self._lateness = 0.0
         if late:
             self.duty = max(self.min_duty, self.duty * self.decrease)
+            self.cuts_late += 1
             self._time, self._tokens = 0.0, 0
             return self.duty
         if self._tokens == 0:  # no interactive stream to protect
@@ -256,6 +265,7 @@ class PrefillPacer:
             target = self.behind_gap_s
         if gap > target:
             self.duty = max(self.min_duty, self.duty * self.decrease)
+            self.cuts_gap += 1
         elif gap < self.headroom * target:
             self.duty = min(1.0, self.duty + self.step)
         return self.duty
@@ -285,15 +295,49 @@ APP_DECREASE = 0.85  # the per-app cap's multiplicative cut (WorkerPacer)
 
 
 @dataclass(frozen=True, slots=True)
+class PacingCuts:
+    """How many intervals each of a worker's pacing levers was cut in since its pacer
+    started (at its floor too: the pressure stays visible), and why: ``gap``, the mean
+    token gap was over its target; ``late``, an interactive first token came late. The
+    background cap and the prefill duty answer both; the per-app cap only gaps (and only
+    once background has given way)."""
+
+    background_gap: int = 0
+    background_late: int = 0
+    duty_gap: int = 0
+    duty_late: int = 0
+    app_gap: int = 0
+
+    def items(self) -> list[tuple[str, str, int]]:
+        """(lever, reason, count) for every counter, e.g. ("duty", "late", 3)."""
+        return [
+            ("background", "gap", self.background_gap),
+            ("background", "late", self.background_late),
+            ("duty", "gap", self.duty_gap),
+            ("duty", "late", self.duty_late),
+            ("app", "gap", self.app_gap),
+        ]
+
+
+@dataclass(frozen=True, slots=True)
 class PacingState:
     """One paced worker: its background cap, its per-app interactive cap (None: off), the
-    mean token gap of the last interval with decode-only gaps (None before any) and the
-    background prefill duty (None: no prefill pacing)."""
+    mean token gap of the last interval with decode-only gaps (None before any), the
+    background prefill duty (None: no prefill pacing) and how often each lever was cut."""
 
     background_cap: int
     app_cap: int | None
     token_gap_s: float | None
     prefill_duty: float | None = None
+    cuts: PacingCuts = PacingCuts()
+
+    def cut_counts(self) -> list[tuple[str, str, int]]:
+        """``cuts.items()`` for the levers this worker has (no duty without prefill
+        pacing, no per-app cap without per-app pacing)."""
+        off = {"duty"} if self.prefill_duty is None else set()
+        if self.app_cap is None:
+            off.add("app")
+        return [c for c in self.cuts.items() if c[0] not in off]
 
 
 class WorkerPacer:
@@ -340,7 +384,15 @@ class WorkerPacer:
         return None if self._prefill is None else self._prefill.duty
 
     def state(self) -> PacingState:
-        return PacingState(self.cap, self.app_cap, self.last_gap_s, self.duty)
+        bg, duty, apps = self._background, self._prefill, self._apps
+        cuts = PacingCuts(
+            background_gap=bg.cuts_gap,
+            background_late=bg.cuts_late,
+            duty_gap=0 if duty is None else duty.cuts_gap,
+            duty_late=0 if duty is None else duty.cuts_late,
+            app_gap=0 if apps is None else apps.cuts_gap,
+        )
+        return PacingState(self.cap, self.app_cap, self.last_gap_s, self.duty, cuts)
 
     def observe(
         self,

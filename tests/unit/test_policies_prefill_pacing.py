@@ -119,6 +119,10 @@ def test_a_late_interactive_first_token_cuts_the_duty_even_with_fast_gaps() -> N
     assert p.update(1.0, rate=1000.0) == pytest.approx(0.7)
     slow(p, 0.010)
     assert p.update(1.5, rate=1000.0) == pytest.approx(0.8)  # one late start, one cut
+    assert (p.cuts_late, p.cuts_gap) == (1, 0)
+    slow(p, 0.2)
+    p.update(2.0, rate=1000.0)
+    assert (p.cuts_late, p.cuts_gap) == (1, 1)  # the gap's cut is told apart
 
 
 def test_a_late_interactive_first_token_cuts_the_decode_cap_too() -> None:
@@ -133,6 +137,9 @@ def test_a_late_interactive_first_token_cuts_the_decode_cap_too() -> None:
     assert p.last_gap_s is None
     p.update(1.0, background_in_flight=8, heaviest_app=1, rate=1000.0)
     assert p.cap == 8  # nothing late in this interval
+    cuts = p.state().cuts
+    assert (cuts.background_late, cuts.background_gap) == (1, 0)
+    assert (cuts.duty_late, cuts.duty_gap) == (1, 0)
 
 
 def test_apps_are_cut_only_once_background_prefill_gave_way_too() -> None:

@@ -1,0 +1,77 @@
+"""Pacing's cuts, by lever and reason, as /metrics exports them and the bench reads them."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from hearthgate.gateway.metrics import SchedulerCollector
+from hearthgate.loadtests.records import Sample
+from hearthgate.loadtests.report import steady_gauges
+from hearthgate.loadtests.sampler import gateway_values
+from hearthgate.loadtests.sweep import merge_gauges
+from hearthgate.policies import Scheduler
+from hearthgate.policies.pacing import PacingCuts, PacingState
+from tests.unit.test_policies_support import CLASSES
+
+CUTS = "hearthgate_pacing_cuts_total"
+
+
+def _scrape(states: dict[str, PacingState]) -> dict[str, float]:
+    registry = CollectorRegistry()
+    registry.register(SchedulerCollector(Scheduler(CLASSES), lambda: states))
+    return gateway_values(generate_latest(registry).decode())
+
+
+def test_metrics_export_each_levers_cuts_and_the_bench_keeps_them() -> None:
+    cuts = PacingCuts(background_gap=2, duty_late=3, app_gap=1)
+    got = _scrape(
+        {
+            "w0": PacingState(4, None, 0.01, 0.5, cuts),  # no per-app pacing
+            "w1": PacingState(8, 6, None, None, cuts),  # no prefill pacing
+        }
+    )
+
+    def levers(worker: str) -> dict[tuple[str, str], float]:
+        out = {}
+        for key, value in got.items():
+            if key.startswith(CUTS) and f'worker="{worker}"' in key:
+                labels = dict(kv.split("=") for kv in key[len(CUTS) + 1 : -1].split(","))
+                out[(labels["lever"].strip('"'), labels["reason"].strip('"'))] = value
+        return out
+
+    assert levers("w0") == {
+        ("background", "gap"): 2.0,
+        ("background", "late"): 0.0,
+        ("duty", "gap"): 0.0,
+        ("duty", "late"): 3.0,
+    }
+    assert levers("w1") == {
+        ("background", "gap"): 2.0,
+        ("background", "late"): 0.0,
+        ("app", "gap"): 1.0,
+    }
+
+
+def test_cut_counts_over_the_steady_window_and_over_runs() -> None:
+    late = f'{CUTS}{{worker="gen",lever="duty",reason="late"}}'
+    gap = f'{CUTS}{{worker="gen",lever="duty",reason="gap"}}'
+    duty = 'hearthgate_pacing_prefill_duty{worker="gen"}'
+
+    def gw(t: float, values: dict[str, float]) -> Sample:
+        return Sample("gw", "gateway", t, values)
+
+    samples = [
+        gw(0.0, {}),  # before the pacer existed: its series count 0
+        gw(4.0, {late: 2.0, duty: 0.7}),  # the last scrape before the window
+        gw(5.0, {late: 3.0, duty: 0.49}),
+        gw(10.0, {late: 7.0, gap: 1.0, duty: 0.7}),
+        gw(30.0, {late: 99.0, gap: 50.0}),  # after the window
+    ]
+    got = steady_gauges(samples, warmup_s=5.0, duration_s=20.0)
+    assert got[late] == {"increase": 5.0}
+    assert got[gap] == {"increase": 1.0}  # absent before the window: from 0
+    assert got[duty]["mean"] == pytest.approx(0.595)
+    merged = merge_gauges([got, {late: {"increase": 1.0}}, {}])
+    assert merged[late] == {"increase": 3.0, "increase_runs": [5.0, 1.0, None]}
+    assert "mean_runs" in merged[duty]
