@@ -317,9 +317,10 @@ class SchedulerCollector(Collector):
         )
         cuts = CounterMetricFamily(
             "hearthgate_pacing_cuts",
-            "Times each pacing lever of each worker was cut since its pacer started: "
-            "lever background (cap), duty (prefill) or app (per-app cap); reason gap (mean "
-            "token gap over its target) or late (an interactive first token came late)",
+            "Intervals in which pacing cut each lever of each worker (at its floor too): "
+            "lever background (cap), duty (prefill) or app (per-app cap); reason late (an "
+            "interactive first token came late; counted so even when the gap was over too) "
+            "or gap (mean token gap over its target)",
             labels=["worker", "lever", "reason"],
         )
         for name, state in self._pacing().items():

@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from hearthgate.policies.budgets import WorkerUsage
 from hearthgate.policies.estimators import PrefillRates
-from hearthgate.policies.pacing import PacingRule, PacingState, WorkerPacer
+from hearthgate.policies.pacing import PacingCuts, PacingRule, PacingState, WorkerPacer
 from hearthgate.policies.types import WorkerSnapshot
 
 
@@ -31,6 +31,8 @@ class WorkerPacing:
         self.app_floor = app_floor  # None: no per-app pacing cap
         self._rates = rates
         self._pacers: dict[str, WorkerPacer] = {}
+        # Cuts counted by pacers a reload restarted, so the exported counts never go back.
+        self._cuts_before: dict[str, PacingCuts] = {}
         # Per worker, prompts in prefill and when one last ended: of every class, and of
         # background classes alone (their stalls are the prefill duty's to answer).
         self._prefilling: dict[str, int] = {}
@@ -48,6 +50,10 @@ class WorkerPacing:
         self.rule = rule
         self.app_floor = app_floor
         if restart:
+            for name, pacer in self._pacers.items():
+                self._cuts_before[name] = self._cuts_before.get(name, PacingCuts()) + (
+                    pacer.state().cuts
+                )
             self._pacers.clear()
 
     @property
@@ -185,8 +191,14 @@ class WorkerPacing:
         return bool(self._pacers)
 
     def state(self) -> dict[str, PacingState]:
-        """Per paced worker: its caps, the last interval's mean token gap, its duty."""
-        return {name: p.state() for name, p in sorted(self._pacers.items())}
+        """Per paced worker: its caps, the last interval's mean token gap, its duty, and its
+        cuts since the gateway started (across reloads that restarted its pacer)."""
+        out = {}
+        for name, p in sorted(self._pacers.items()):
+            st = p.state()
+            before = self._cuts_before.get(name)
+            out[name] = st if before is None else replace(st, cuts=st.cuts + before)
+        return out
 
     def _pacer(self, worker: str, now: float) -> WorkerPacer | None:
         if self.rule is None:

@@ -5,12 +5,14 @@ so repeated, interleaved runs are reported as: counts summed over runs, attainme
 (good / requests over all runs) with each run's value, its median, min and max beside it;
 latency and throughput fields as the median over runs. Fairness, server-side and run-health
 details are taken from the run whose class attainment is the median one (first class in the
-scenario). The embeddings block's numbers are medians over runs.
+scenario). The embeddings block's numbers and the gateway's steady-window gauges and
+counters (``merge_gauges``) are medians over runs.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 _SUMMED = ("requests", "completed", "rejected", "failed", "good")
@@ -87,6 +89,9 @@ def merge_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
             f: merge_class([r["flows"][f] for r in runs if f in r.get("flows", {})])
             for f in median_run["flows"]
         }
+    gauges = merge_gauges([r.get("gateway_gauges") or {} for r in runs])
+    if gauges:
+        out["gateway_gauges"] = gauges
     if median_run.get("embeddings"):
         out["embeddings"] = {
             k: v
@@ -94,4 +99,22 @@ def merge_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
             else median_of([(r.get("embeddings") or {}).get(k) for r in runs])
             for k, v in median_run["embeddings"].items()
         }
+    return out
+
+
+def merge_gauges(
+    runs: Sequence[Mapping[str, Mapping[str, float | None]]],
+) -> dict[str, dict[str, Any]]:
+    """Each gauge's or counter's steady-window statistics (report.steady_gauges) over runs:
+    the median of each, and every run's mean (a counter: its increase) in ``mean_runs``
+    (``increase_runs``), None for a run whose gateway never showed it."""
+    keys = sorted({k for r in runs for k in r})
+    out: dict[str, dict[str, Any]] = {}
+    for k in keys:
+        got = [r[k] for r in runs if k in r]
+        stats = sorted({stat for g in got for stat in g})
+        row: dict[str, Any] = {stat: median_of([g.get(stat) for g in got]) for stat in stats}
+        main = "mean" if "mean" in stats else "increase"
+        row[f"{main}_runs"] = [r[k].get(main) if k in r else None for r in runs]
+        out[k] = row
     return out

@@ -31,12 +31,14 @@ Definitions (the markdown report repeats them):
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from hearthgate.loadtests.records import RequestRecord, Sample
 from hearthgate.loadtests.runner import RunResult
+from hearthgate.loadtests.sampler import PACING_CUTS
 from hearthgate.loadtests.scenario import Scenario, Slo
 from hearthgate.loadtests.stats import jain_index, max_min_fair, mean, percentile
 
@@ -214,11 +216,13 @@ def server_summary(samples: Sequence[Sample]) -> dict[str, dict[str, dict[str, f
 # it did (the run-wide mean and max of every gauge are under `server`), and the counters
 # whose increase over that window it keeps: why pacing cut what it cut.
 STEADY_GAUGES: tuple[str, ...] = ("hearthgate_pacing_", "hearthgate_queue_depth")
-STEADY_COUNTERS: tuple[str, ...] = ("hearthgate_pacing_cuts_total",)
+STEADY_COUNTERS: tuple[str, ...] = (PACING_CUTS,)
 
 
-def _is_counter(key: str) -> bool:
-    return key.split("{", 1)[0] in STEADY_COUNTERS
+def increase(values: Sequence[float]) -> float:
+    """A counter's increase over consecutive readings, as Prometheus counts it: a drop is a
+    restart from 0 (a pacer restarted by a reload), so the value after it is all new."""
+    return sum(b - a if b >= a else b for a, b in itertools.pairwise(values))
 
 
 def steady_gauges(
@@ -226,16 +230,23 @@ def steady_gauges(
 ) -> dict[str, dict[str, float | None]]:
     """Per gateway gauge named in ``STEADY_GAUGES`` (keyed with its labels): its mean and
     10th, 50th and 90th percentiles over the scrapes inside the steady window; per counter
-    in ``STEADY_COUNTERS``: its ``increase`` over the window (from the last scrape before
-    it, where a series not yet shown counts 0, to the last scrape inside it)."""
+    in ``STEADY_COUNTERS``: its ``increase`` from the last scrape before the window (else the
+    run's first scrape, taken before any request) to the last one inside it, a series not
+    shown yet counting 0."""
     gw = sorted((s for s in samples if s.source == "gateway"), key=lambda s: s.t_s)
     inside = [s for s in gw if warmup_s <= s.t_s <= duration_s]
+    if not inside:
+        return {}
     before = [s for s in gw if s.t_s < warmup_s]
-    series: dict[str, list[float]] = defaultdict(list)
+    start = (before[-1] if before else gw[0]).values
+    gauges: dict[str, list[float]] = defaultdict(list)
+    counters: dict[str, list[float]] = defaultdict(list)
     for s in inside:
         for k, v in s.values.items():
-            if k.startswith(STEADY_GAUGES) and not _is_counter(k):
-                series[k].append(v)
+            if k.split("{", 1)[0] in STEADY_COUNTERS:
+                counters[k].append(v)
+            elif k.startswith(STEADY_GAUGES):
+                gauges[k].append(v)
     out: dict[str, dict[str, float | None]] = {
         k: {
             "mean": _r(mean(vs)),
@@ -243,13 +254,10 @@ def steady_gauges(
             "p50": _r(percentile(vs, 50)),
             "p90": _r(percentile(vs, 90)),
         }
-        for k, vs in series.items()
+        for k, vs in gauges.items()
     }
-    if inside:
-        start = before[-1].values if before else {}
-        for k, v in inside[-1].values.items():
-            if _is_counter(k):
-                out[k] = {"increase": _r(v - start.get(k, 0.0))}
+    for k, vs in counters.items():
+        out[k] = {"increase": _r(increase([start.get(k, 0.0), *vs]))}
     return dict(sorted(out.items()))
 
 
@@ -264,7 +272,7 @@ def counter_increase(samples: Sequence[Sample], source: str, name: str) -> float
 
     if not any(k.split("{", 1)[0] == name for s in ss for k in s.values):
         return None
-    return total(ss[-1]) - total(ss[0])
+    return increase([total(s) for s in ss])
 
 
 def embeddings_summary(

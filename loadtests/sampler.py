@@ -33,10 +33,11 @@ VLLM_METRICS: tuple[str, ...] = (
 )
 GATEWAY_PREFIX = "hearthgate_"
 # Gateway counters kept besides the gauges (the report takes their increase over a run).
+PACING_CUTS = "hearthgate_pacing_cuts_total"  # by worker, lever and reason
 GATEWAY_COUNTERS: tuple[str, ...] = (
     "hearthgate_coalesce_upstream_calls_total",
     "hearthgate_coalesce_calls_saved_total",
-    "hearthgate_pacing_cuts_total",
+    PACING_CUTS,
 )
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)(?:\s+\S+)?$")

@@ -14,14 +14,13 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hearthgate.loadtests import bench, plots
 from hearthgate.loadtests.markdown import _fmt, _table
 from hearthgate.loadtests.matrix import Options, run_matrix
 from hearthgate.loadtests.records import write_jsonl
-from hearthgate.loadtests.repeats import median_of, merge_runs
+from hearthgate.loadtests.repeats import merge_runs
 from hearthgate.loadtests.report import summarize
 from hearthgate.loadtests.scenario import Scenario, ScenarioError
 
@@ -80,8 +79,7 @@ def point_stats(outs: list[bench.TargetOutcome], scenario: Scenario) -> dict[str
     """One target at one workload over its runs: interactive attainment and background
     tokens (medians, each run's value too), goodput, per class and per flow the medians of
     ``STAT_KEYS``, and through a gateway what its pacing and queues held (``merge_gauges``)."""
-    runs = [summarize(o.result, scenario) for o in outs]
-    s = merge_runs(runs)
+    s = merge_runs([summarize(o.result, scenario) for o in outs])
     inter = s["interactive"]
     bg = inter["background_output_tokens_per_s"]
     out: dict[str, Any] = {
@@ -95,27 +93,8 @@ def point_stats(outs: list[bench.TargetOutcome], scenario: Scenario) -> dict[str
         "classes": {c: {k: cs[k] for k in STAT_KEYS} for c, cs in s["classes"].items()},
         "flows": {f: {k: fs.get(k) for k in STAT_KEYS} for f, fs in s.get("flows", {}).items()},
     }
-    gauges = merge_gauges([r.get("gateway_gauges") or {} for r in runs])
-    if gauges:
-        out["gateway_gauges"] = gauges
-    return out
-
-
-def merge_gauges(
-    runs: Sequence[Mapping[str, Mapping[str, float | None]]],
-) -> dict[str, dict[str, Any]]:
-    """Each gauge's or counter's steady-window statistics (report.steady_gauges) over runs:
-    the median of each, and every run's mean (a counter: its increase) in ``mean_runs``
-    (``increase_runs``), None for a run whose gateway never showed it."""
-    keys = sorted({k for r in runs for k in r})
-    out: dict[str, dict[str, Any]] = {}
-    for k in keys:
-        got = [r[k] for r in runs if k in r]
-        stats = sorted({stat for g in got for stat in g})
-        row: dict[str, Any] = {stat: median_of([g.get(stat) for g in got]) for stat in stats}
-        main = "mean" if "mean" in stats else "increase"
-        row[f"{main}_runs"] = [r[k].get(main) if k in r else None for r in runs]
-        out[k] = row
+    if s.get("gateway_gauges"):
+        out["gateway_gauges"] = s["gateway_gauges"]
     return out
 
 

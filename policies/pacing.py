@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,17 +296,22 @@ APP_DECREASE = 0.85  # the per-app cap's multiplicative cut (WorkerPacer)
 
 @dataclass(frozen=True, slots=True)
 class PacingCuts:
-    """How many intervals each of a worker's pacing levers was cut in since its pacer
-    started (at its floor too: the pressure stays visible), and why: ``gap``, the mean
-    token gap was over its target; ``late``, an interactive first token came late. The
-    background cap and the prefill duty answer both; the per-app cap only gaps (and only
-    once background has given way)."""
+    """How many intervals each of a worker's pacing levers was cut in (at its floor too:
+    the pressure stays visible), and why: ``late``, an interactive first token came late
+    (counted so even when the gap was over its target as well); ``gap``, the mean token
+    gap was over its target. The background cap and the prefill duty answer both; the
+    per-app cap only gaps (and only once background has given way)."""
 
     background_gap: int = 0
     background_late: int = 0
     duty_gap: int = 0
     duty_late: int = 0
     app_gap: int = 0
+
+    def __add__(self, other: PacingCuts) -> PacingCuts:
+        return PacingCuts(
+            *(getattr(self, f.name) + getattr(other, f.name) for f in fields(PacingCuts))
+        )
 
     def items(self) -> list[tuple[str, str, int]]:
         """(lever, reason, count) for every counter, e.g. ("duty", "late", 3)."""

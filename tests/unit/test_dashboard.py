@@ -15,8 +15,10 @@ import httpx
 import pytest
 
 from hearthgate.gateway import dashboard
+from hearthgate.gateway.admission import AdmissionController
 from hearthgate.gateway.app import create_app
 from hearthgate.gateway.settings import load_settings
+from hearthgate.policies.pacing import PacingCuts, PacingState
 
 WORKERS = [{"name": "w", "url": "http://127.0.0.1:1", "models": ["m"]}]
 ADMIN_ENV = "HG_DASHBOARD_TEST_ADMIN_KEY"
@@ -142,3 +144,15 @@ async def test_status_counts_targets_met_and_tokens_per_app() -> None:
         "notes": {"prompt": 120, "completion": 7},
         "anonymous": {"prompt": 0, "completion": 5},
     }
+
+
+async def test_status_shows_each_workers_pacing_cuts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per paced worker, how often each of its levers was cut and why; a lever that is off
+    (no prefill pacing: no duty) has no counts."""
+    cuts = PacingCuts(background_gap=2, duty_late=5, app_gap=1)
+    paced = {"w": PacingState(4, 6, 0.012, None, cuts)}
+    monkeypatch.setattr(AdmissionController, "pacing_state", lambda self: paced)
+    got = (await _get(load_settings(None, workers=WORKERS), "/status", "127.0.0.1")).json()
+    pacing = got["workers"][0]["pacing"]
+    assert (pacing["background_cap"], pacing["app_cap"], pacing["prefill_duty"]) == (4, 6, None)
+    assert pacing["cuts"] == {"background_gap": 2, "background_late": 0, "app_gap": 1}

@@ -10,7 +10,7 @@ from hearthgate.loadtests import bench
 from hearthgate.loadtests.bench import failures_line
 from hearthgate.loadtests.client import queued_seconds
 from hearthgate.loadtests.records import RequestRecord, Sample, classify_status
-from hearthgate.loadtests.repeats import merge_runs
+from hearthgate.loadtests.repeats import merge_gauges, merge_runs
 from hearthgate.loadtests.report import (
     class_summary,
     fairness,
@@ -21,7 +21,7 @@ from hearthgate.loadtests.report import (
 from hearthgate.loadtests.runner import Endpoints, RunResult
 from hearthgate.loadtests.scenario import Slo, load_scenario
 from hearthgate.loadtests.stats import jain_index, max_min_fair, percentile
-from hearthgate.loadtests.sweep import merge_gauges, point_stats
+from hearthgate.loadtests.sweep import point_stats
 
 
 def test_percentile_linear_interpolation() -> None:

@@ -174,3 +174,22 @@ def test_a_new_flood_limit_alone_keeps_the_pacers() -> None:
     assert p.state()["w0"].background_cap == cut and p.flood == (4, 2)
     p.reconfigure(replace(rule, max_cap=16), 4)  # a pacing change restarts them
     assert p.state() == {}
+
+
+def test_cut_counts_survive_a_reload_that_restarts_the_pacers() -> None:
+    """A new rule restarts every pacer; the cuts counted so far are kept, so the exported
+    counter never goes back."""
+    p = WorkerPacing(DECODE_ONLY, None, PrefillRates())
+    t = slow_gaps(p, 100.0)
+    p.update(t + 0.5, {})
+    before = p.state()["w0"].cuts
+    assert before.background_gap == 1
+    p.reconfigure(replace(DECODE_ONLY, target_gap_s=0.02), None)
+    assert p.state() == {}  # restarted: no pacer until the worker's next token
+    t = slow_gaps(p, t + 1.0)
+    p.update(t + 0.5, {})
+    state = p.state()["w0"]
+    assert state.background_cap < 8  # the new pacer cut once, from its max cap
+    assert state.cuts.background_gap == 2  # its cut plus the one before the reload
+    p.reconfigure(replace(DECODE_ONLY, target_gap_s=0.02, flood_prefill=1), None)
+    assert p.state()["w0"].cuts.background_gap == 2  # a limit alone restarts nothing
