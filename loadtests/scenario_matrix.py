@@ -36,6 +36,7 @@ from hearthgate.loadtests import bench
 from hearthgate.loadtests.markdown import _fmt, _table
 from hearthgate.loadtests.matrix import Cell, Options, run_matrix
 from hearthgate.loadtests.prompts import Calibration
+from hearthgate.loadtests.records import write_jsonl
 from hearthgate.loadtests.scenario import Scenario, ScenarioError, load_scenario
 from hearthgate.loadtests.sweep import point_stats
 
@@ -367,7 +368,15 @@ def run_matrix_command(args: argparse.Namespace) -> int:
             per_cell.setdefault((cell.point, cell.target), []).append(cell.outcome)
         return matrix_summary(mf, scenarios, per_cell, cal.to_json(), rounds)
 
+    raw = args.out / "raw" / tag
+
     def save_round(cells: list[Cell], cal: Calibration) -> None:
+        # Every run's scrapes (gateway and workers), to follow pacing and the queues over
+        # time (raw/ is not committed: .gitignore).
+        last = cells[-1]
+        raw.mkdir(parents=True, exist_ok=True)
+        name = f"r{last.round}-{last.target}-{last.point}".replace(" ", "_")
+        write_jsonl(raw / f"{name}.samples.jsonl", last.outcome.result.samples)
         # A whole round done: keep the medians so far, should the run be cut short.
         if len(cells) % per_round == 0:
             done = summarise(cells, cal, len(cells) // per_round)

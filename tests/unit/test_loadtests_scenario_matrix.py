@@ -4,6 +4,7 @@ and the judging of issue 15's targets on plain summaries."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -208,6 +209,7 @@ def run_cut_short(
     import hearthgate.loadtests.scenario_matrix as sm
     from hearthgate.loadtests.matrix import Cell
     from hearthgate.loadtests.prompts import Calibration
+    from hearthgate.loadtests.records import Sample
 
     partial = tmp_path / "matrix.partial.summary.json"
     seen: list[bool] = []
@@ -223,7 +225,9 @@ def run_cut_short(
                 for label, _ in scenarios:
                     if len(cells) == fail_at:
                         raise RuntimeError("the box went away")
-                    cells.append(Cell(label, t.name, rnd, outcome=None))  # type: ignore[arg-type]
+                    scrape = Sample(t.name, "gateway", 1.0, {"hearthgate_queue_depth": rnd})
+                    outcome = SimpleNamespace(result=SimpleNamespace(samples=[scrape]))
+                    cells.append(Cell(label, t.name, rnd, outcome=outcome))  # type: ignore[arg-type]
                     kw["on_cell"](cells, Calibration())
                     seen.append(partial.exists())
         return Calibration(), {}, cells
@@ -278,6 +282,12 @@ def test_a_finished_matrix_replaces_its_partial_summary(
     done = json.loads((out / "matrix.summary.json").read_text())
     assert done["rounds"] == 2 and all(n == 2 for _, _, n in done["runs"])
     assert (out / "matrix.md").read_text() == "table\n"
+    # Every run's scrapes, to follow pacing over time: one file per round, target and point.
+    raw = sorted(p.name for p in (out / "raw" / "matrix").iterdir())
+    assert len(raw) == 2 * 3 * 2
+    assert "r1-gateway-defaults-home-mix_x1.samples.jsonl" in raw
+    line = json.loads((out / "raw" / "matrix" / raw[-1]).read_text().splitlines()[0])
+    assert line["values"] == {"hearthgate_queue_depth": 1}
 
 
 def test_a_noisy_neighbour_cell_shows_the_light_apps_numbers() -> None:
