@@ -426,6 +426,13 @@ class Pacing(_Strict):
     # at home-mix x4 and x10 (+5%, +14%) but let chat miss in one round of each doubled and
     # tripled RAG burst (91.5%, 96.3%; loadtests/results/bg-prefill.md, bg-prefill-rest.md).
     background_prefill: int | None = Field(None, ge=1)
+    # A late interactive first token cuts the background (decode) cap as well as the duty:
+    # "always" (the default), or "when_blind", only in an interval with no decode-only gap
+    # to judge the decode batch by (the case the cut is there for: long prompts in prefill
+    # all the time). In the 2026-12-03 matrix the cap, not the duty, held RAG at light and
+    # bursty load (rag-burst x1: duty p50 1.0, cap p50 5, RAG queued in the gateway); not
+    # measured yet, so not the default.
+    late_cuts_decode_cap: Literal["always", "when_blind"] = "always"
 
 
 class Shutdown(_Strict):

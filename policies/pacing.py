@@ -86,6 +86,9 @@ class PacingRule:
     # Background prompts a worker may have in prefill at once; None: no limit
     # (policies.budgets).
     background_prefill: int | None = None
+    # A late interactive first token cuts the background cap only in an interval with no
+    # decode-only gap (the decode batch unseen); False: in every interval (the default).
+    late_cut_when_blind: bool = False
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.target_gap_s) and self.target_gap_s > 0):
@@ -129,6 +132,11 @@ class DecodePacer:
         if tokens > 0 and seconds >= 0 and math.isfinite(seconds):
             self._time += seconds
             self._tokens += tokens
+
+    @property
+    def seen(self) -> bool:
+        """Whether the current interval has observed any gap yet."""
+        return self._tokens > 0
 
     def update(
         self, now: float, background_in_flight: int, may_cut: bool = True, slow: bool = False
@@ -450,7 +458,10 @@ class WorkerPacer:
         # are always in prefill no gap is free of them, and a decode batch grown unseen
         # made every step slow (rag-burst at 3x: chat TTFT p99 1.2 s).
         late = self._prefill is not None and self._prefill.late(behind)
-        self._background.update(now, background_in_flight, slow=late)
+        # With late_cut_when_blind, decode-only gaps seen in the interval judge the decode
+        # batch themselves, and a late start is left to the duty (prompts queued ahead).
+        judged = self.rule.late_cut_when_blind and self._background.seen
+        self._background.update(now, background_in_flight, slow=late and not judged)
         if self._prefill is not None:
             self._prefill.update(now, rate, behind)
         if self._apps is not None:

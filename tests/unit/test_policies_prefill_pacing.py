@@ -142,6 +142,29 @@ def test_a_late_interactive_first_token_cuts_the_decode_cap_too() -> None:
     assert (cuts.duty_late, cuts.duty_gap) == (1, 0)
 
 
+def test_when_blind_a_late_first_token_leaves_a_decode_cap_its_gaps_judge() -> None:
+    """late_cut_when_blind: with decode-only gaps seen in the interval (and under target) a
+    late first token cuts the duty but not the decode cap; with none seen it cuts both."""
+    rule = PacingRule(
+        target_gap_s=0.015,
+        interval_s=0.5,
+        max_cap=16,
+        prefill_gap_s=0.025,
+        late_cut_when_blind=True,
+    )
+    p = WorkerPacer(rule, 0.0)
+    slow(p, 0.01, interactive=True)  # decode-only gaps, fast
+    p.observe_start(0.4, ttft_s=0.5)
+    p.update(0.5, background_in_flight=12, heaviest_app=1, rate=1000.0)
+    assert (p.cap, p.duty) == (16, pytest.approx(0.7))  # the duty answers the late start
+    assert (p.state().cuts.background_late, p.state().cuts.duty_late) == (0, 1)
+    slow(p, 0.01, prefill=True, interactive=True)  # every gap overlapped a prefill: blind
+    p.observe_start(0.4, ttft_s=0.5)
+    p.update(1.0, background_in_flight=12, heaviest_app=1, rate=1000.0)
+    assert p.cap == 8  # floor(12 x 0.7), as without the setting
+    assert p.state().cuts.background_late == 1
+
+
 def test_apps_are_cut_only_once_background_prefill_gave_way_too() -> None:
     """With prefill pacing, slow gaps cut an app only once background is at its floor in
     sequences and in prefill duty: a burst's first prefills slow every step while few

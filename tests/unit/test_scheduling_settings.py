@@ -53,6 +53,14 @@ def test_the_background_prefill_limit_is_off_by_default_and_reaches_the_rule() -
         settings(background_prefill=0)
 
 
+def test_late_cuts_of_the_decode_cap_are_always_by_default_or_only_when_blind() -> None:
+    assert pacing_rule(settings()).late_cut_when_blind is False  # type: ignore[union-attr]
+    rule = pacing_rule(settings(late_cuts_decode_cap="when_blind"))
+    assert rule is not None and rule.late_cut_when_blind is True
+    with pytest.raises(Exception, match="late_cuts_decode_cap"):
+        settings(late_cuts_decode_cap="never")
+
+
 def test_per_app_off_keeps_background_pacing() -> None:
     s = settings(per_app=False)
     assert pacing_rule(s) is not None
