@@ -429,9 +429,9 @@ class Pacing(_Strict):
     # A late interactive first token cuts the background (decode) cap as well as the duty:
     # "always" (the default), or "when_blind", only in an interval with no decode-only gap
     # to judge the decode batch by (the case the cut is there for: long prompts in prefill
-    # all the time). In the 2026-12-03 matrix the cap, not the duty, held RAG at light and
-    # bursty load (rag-burst x1: duty p50 1.0, cap p50 5, RAG queued in the gateway); not
-    # measured yet, so not the default.
+    # all the time). In the 2026-12-03 matrix, at rag-burst x1, RAG waited in the gateway
+    # (12 queued on average) while the duty stayed open (p50 1.0) and the cap sat at 5 (p10
+    # 3): a candidate for what holds it. Not measured yet, so not the default.
     late_cuts_decode_cap: Literal["always", "when_blind"] = "always"
 
 

@@ -215,7 +215,12 @@ def server_summary(samples: Sequence[Sample]) -> dict[str, dict[str, dict[str, f
 # what pacing allowed each worker and what waited per class, to see why a cell came out as
 # it did (the run-wide mean and max of every gauge are under `server`), and the counters
 # whose increase over that window it keeps: why pacing cut what it cut.
-STEADY_GAUGES: tuple[str, ...] = ("hearthgate_pacing_", "hearthgate_queue_depth")
+STEADY_GAUGES: tuple[str, ...] = (
+    "hearthgate_pacing_",
+    "hearthgate_queue_depth",
+    "hearthgate_worker_admitted",  # against the caps: is a cap what holds?
+    "hearthgate_worker_prefill_tokens",  # against the prefill budget
+)
 STEADY_COUNTERS: tuple[str, ...] = (PACING_CUTS,)
 
 
