@@ -42,7 +42,10 @@ prompts on a CPU worker that prefills ~10k tokens/s, a duty held near 0.5 queued
 22 s at p50: results/matrix.md of 2026-12-02 in git history).
 
 An interactive first token that came late cuts the decode cap as well: while long prompts
-are in prefill all the time, no gap is free of them and the decode batch would grow unseen.
+are in prefill all the time, no gap is free of them and the decode batch would grow unseen
+(with ``PacingRule.late_cut_when_blind``, only in an interval where that is so: no
+decode-only gap seen). Every cut is counted by lever and reason (``PacingCuts``), so what
+holds background work back can be read off a running gateway.
 
 The same gaps move a third cap, on the interactive sequences any one app may have on the
 worker (``WorkerPacer``): an app flooding an interactive class is held to it, so the queue
