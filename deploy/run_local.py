@@ -84,9 +84,10 @@ def assign_cores(specs: list[Worker], cores: int = 2) -> dict[str, int]:
 # ~200 ms step, and a voice turn arriving meanwhile waits it out. With 1,024-token steps
 # background got 5-9% more tokens behind the gateway at home-mix x10 and in every RAG burst,
 # in each of three rounds, interactive work 99.8-100% (loadtests/results/chunks.md); 512
-# gave background less. The full matrix after the change (loadtests/results/matrix-2026-12-03-morning.md, another
-# day) had no voice misses but did not show the background gain against vLLM alone, and the
-# chat UI did worse under the doubled flood. A long-prefill worker keeps vLLM's default.
+# gave background less. The full matrix after the change (another day,
+# loadtests/results/matrix-2026-12-03-morning.md) had no voice misses but did not show the
+# background gain against vLLM alone, and the chat UI did worse under the doubled flood. A
+# long-prefill worker keeps vLLM's default.
 GENERAL_STEP_TOKENS = 1024
 
 
