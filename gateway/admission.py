@@ -30,7 +30,8 @@ from hearthgate.gateway.ticket import Ticket
 from hearthgate.gateway.worker_pacing import WorkerPacing
 from hearthgate.policies.budgets import upstream_priority
 from hearthgate.policies.estimators import DrainRate, PrefillRates
-from hearthgate.policies.pacing import PacingRule, PacingState, background_behind
+from hearthgate.policies.pacing import PacingRule, PacingState
+from hearthgate.policies.prefill_pacing import background_behind
 from hearthgate.policies.scheduler import Scheduler
 from hearthgate.policies.types import QueuedRequest, Rejection, WorkerSnapshot
 

@@ -9,7 +9,8 @@ import pytest
 
 from hearthgate.policies import Scheduler
 from hearthgate.policies.budgets import Verdict, WorkerLoad, check
-from hearthgate.policies.pacing import PacingRule, PrefillPacer, WorkerPacer, background_behind
+from hearthgate.policies.pacing import PacingRule, WorkerPacer
+from hearthgate.policies.prefill_pacing import PrefillPacer, background_behind
 from tests.unit.test_policies_support import CLASSES, req, worker
 
 
