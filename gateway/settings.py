@@ -430,8 +430,9 @@ class Pacing(_Strict):
     # "always" (the default), or "when_blind", only in an interval with no decode-only gap
     # to judge the decode batch by (the case the cut is there for: long prompts in prefill
     # all the time). In the 2026-12-03 matrix, at rag-burst x1, RAG waited in the gateway
-    # (12 queued on average) while the duty stayed open (p50 1.0) and the cap sat at 5 (p10
-    # 3): a candidate for what holds it. Not measured yet, so not the default.
+    # (12 queued on average) while the duty stayed open (p50 0.9) and the cap sat at 6 (p10
+    # 3): a candidate for what holds it (loadtests/results/matrix.summary.json,
+    # gateway_gauges). Not measured yet, so not the default.
     late_cuts_decode_cap: Literal["always", "when_blind"] = "always"
 
 
