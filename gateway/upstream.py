@@ -112,6 +112,23 @@ def map_mid_body(worker: str, exc: BaseException) -> UpstreamFailed:
     return UpstreamFailed(f"worker {worker} failed while answering: {type(exc).__name__}")
 
 
+class _UnpooledAfterServerError(aiohttp.ClientResponse):
+    """A connection that brought a server error (5xx) is never pooled again. uvicorn
+    (vLLM's server) closes it right after a 500 that an exception raised out of the app,
+    with no `Connection: close` header: pooled, it would be handed to the next request and
+    drop it, and two drops in a row mark a healthy worker down (WorkerPool.note_dropped)."""
+
+    async def start(self, connection: aiohttp.connector.Connection) -> aiohttp.ClientResponse:
+        protocol = connection.protocol
+        resp = await super().start(connection)
+        if resp.status >= 500 and protocol is not None:
+            if connection.protocol is None:  # a short body already read: back in the pool
+                protocol.close()
+            else:
+                protocol.force_close()  # closed when released
+        return resp
+
+
 class _AiohttpResponse:
     def __init__(self, worker: str, resp: aiohttp.ClientResponse) -> None:
         self._worker = worker
@@ -159,7 +176,11 @@ class AiohttpUpstream:
         if self._session is None:
             limit, keepalive = self._connector_args
             connector = aiohttp.TCPConnector(limit=limit, keepalive_timeout=keepalive)
-            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                auto_decompress=False,
+                response_class=_UnpooledAfterServerError,
+            )
         return self._session
 
     async def post(

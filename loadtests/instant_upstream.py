@@ -45,6 +45,18 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     if fail is not None:
         err = {"message": "EngineCore encountered an issue.", "type": "InternalServerError"}
         return web.json_response({"error": {**err, "code": fail}}, status=fail)
+    # Fault injection (body field test_fail_and_close): answer 500 with a whole body, then
+    # close the connection a moment later without reading on, as uvicorn (vLLM's server)
+    # does after an exception escaped the app: no `Connection: close` header says so.
+    if body.get("test_fail_and_close"):
+        err = {"message": "'list' object has no attribute 'get'", "type": "InternalServerError"}
+        failed = web.json_response({"error": {**err, "code": 500}}, status=500)
+        await failed.prepare(request)
+        await failed.write_eof()
+        await asyncio.sleep(0.05)
+        assert request.transport is not None
+        request.transport.close()
+        return failed
     # --served-model: answer only that model name, as vLLM does (404 otherwise).
     served = request.app.get("served_model")
     if served is not None and body.get("model") != served:

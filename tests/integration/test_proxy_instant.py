@@ -128,6 +128,25 @@ def test_connection_failure_retries_on_another_worker(upstream: str) -> None:
             assert r.headers["x-hearthgate-worker"] == "w1"
 
 
+def test_worker_closing_after_a_500_is_not_marked_down(upstream: str) -> None:
+    """vLLM's server (uvicorn) closes its connection right after a 500 raised by an
+    exception, without saying so in a header. The gateway does not pool such a connection,
+    so the next requests are not dropped on it and the worker is not marked down (two drops
+    in a row would; the 60 s health interval would keep it down)."""
+    fail = {"model": "m", "prompt": "x", "max_tokens": 1, "test_fail_and_close": True}
+    ok = {"model": "m", "prompt": "x", "max_tokens": 1}
+    with gateway(settings(upstream, health={"interval_s": 60})) as url:
+        for _ in range(4):
+            r = httpx.post(url + "/v1/completions", json=fail)
+            assert r.status_code == 500  # the worker's own answer, passed on
+            assert r.json()["error"]["type"] == "InternalServerError"
+            r = httpx.post(url + "/v1/completions", json=ok)
+            assert r.status_code == 200, r.text
+        (worker,) = httpx.get(url + "/status").json()["workers"]
+        assert worker["up"] is True
+        assert worker["failovers"] == 4  # one per 500; none for a dropped connection
+
+
 def test_client_disconnect_releases_the_slot() -> None:
     with instant_upstream(delay_ms=50) as up, gateway(settings(up)) as url:
         body = {"model": "m", "prompt": "x", "max_tokens": 200, "stream": True}
