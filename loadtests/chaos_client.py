@@ -48,10 +48,13 @@ class LoadShape:
     # The random moments to disconnect at, in seconds from sending: queued (up to),
     # prefill (a range per kind: after the gateway forwarded the request, before the first
     # token would come), non-streaming (up to), embeddings (up to, inside the coalescing
-    # window's minimum wait of the soak's settings).
+    # window's minimum wait of the soak's settings). The prefill ranges end below the
+    # fastest first tokens of the e2e soak on the tiny model (chat 12 ms, p10 16 ms; RAG 52
+    # ms): with wider ones (up to 80 / 300 ms) most prefill disconnects came after the first
+    # token, and a CI run whose outage took most of the load saw none at all.
     queued_within_s: float = 0.5
-    chat_prefill_s: tuple[float, float] = (0.005, 0.08)
-    rag_prefill_s: tuple[float, float] = (0.02, 0.3)
+    chat_prefill_s: tuple[float, float] = (0.003, 0.012)
+    rag_prefill_s: tuple[float, float] = (0.01, 0.045)
     non_streaming_within_s: float = 2.0
     embed_within_s: float = 0.02
 
