@@ -1,5 +1,6 @@
 """One running gateway: the parts shared between requests, and the request path from raw
-ASGI request to answer (read, classify, lease, admit, forward, fail over, account).
+ASGI request to answer (read, classify, lease; then gateway/dispatch.py admits, forwards
+and fails over; account).
 
 Every request that gets past classification runs inside one :class:`gateway.lease.Lease`,
 the response included, so whatever ends it gives back all it held exactly once.
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import itertools
 import logging
 import time
@@ -17,27 +17,25 @@ from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from hearthgate.gateway import accounting, inprocess
 from hearthgate.gateway.admission import AdmissionController
 from hearthgate.gateway.classify import CLASS_HEADER, Classification, Classifier
 from hearthgate.gateway.coalesce import Coalescer, client_upstream, window_policies
-from hearthgate.gateway.embed_batch import mergeable
+from hearthgate.gateway.dispatch import dispatch
 from hearthgate.gateway.errors import (
     ClientGone,
     GatewayError,
     ModelNotFound,
     NoWorkerAvailable,
-    class_gone,
     error_response,
 )
 from hearthgate.gateway.inprocess import Answer, OnBehalf
-from hearthgate.gateway.lease import FirstByteTimeout, Lease, LeaseBook, WorkerLost
+from hearthgate.gateway.lease import Lease, LeaseBook
 from hearthgate.gateway.metrics import GatewayMetrics, SchedulerCollector, WorkerCollector
-from hearthgate.gateway.parse import ParsedRequest, parse_body, read_body
-from hearthgate.gateway.proxy import AnswerBroke, Proxy, Result
+from hearthgate.gateway.parse import parse_body, read_body
+from hearthgate.gateway.proxy import Proxy, Result
 from hearthgate.gateway.scheduling import (
     app_names,
     app_pacing_floor,
@@ -52,9 +50,8 @@ from hearthgate.gateway.scheduling import (
 from hearthgate.gateway.settings import Settings
 from hearthgate.gateway.status import render_status
 from hearthgate.gateway.tokens import token_counter
-from hearthgate.gateway.upstream import AiohttpUpstream, UpstreamClient, WorkerUnreachable
+from hearthgate.gateway.upstream import AiohttpUpstream, UpstreamClient
 from hearthgate.gateway.workers import WorkerPool, WorkerState
-from hearthgate.policies.failover import Failure, Retry, next_step
 from hearthgate.policies.types import QueuedRequest
 
 log = logging.getLogger("hearthgate")
@@ -130,7 +127,7 @@ class Gateway:
         self.draining = False
         # App -> [prompt, completion] tokens served since start (kept in Redis when set).
         self.app_tokens: dict[str, list[int]] = {}
-        self._ids = itertools.count()
+        self.request_ids = itertools.count()
         self._lag_task: asyncio.Task[None] | None = None
         self._drain_timer: asyncio.TimerHandle | None = None
         self._checks: set[asyncio.Task[None]] = set()  # health checks of added workers
@@ -295,7 +292,7 @@ class Gateway:
         lease = Lease(self.leases, self.admission, self.pool, receive, len(raw), label)
         async with lease:
             try:
-                response = await self._dispatch(lease, route, parsed, c, received_at)
+                response = await dispatch(self, lease, route, parsed, c, received_at)
             except ClientGone:
                 self.metrics.count(route, model, 499)
                 return
@@ -305,119 +302,10 @@ class Gateway:
             with contextlib.suppress(OSError):
                 await response(scope, receive, send)
 
-    async def _dispatch(
-        self,
-        lease: Lease,
-        route: str,
-        parsed: ParsedRequest,
-        c: Classification,
-        received_at: float,
-    ) -> Response:
-        cls = self.settings.classes.get(c.cls)
-        if cls is None:  # a reload removed the class while the request was being read
-            raise class_gone(c.cls, self.settings.health.retry_after_s)
-        first_byte_s = (
-            cls.first_byte_timeout_ms / 1000
-            if cls.first_byte_timeout_ms is not None
-            else self.settings.upstream.first_byte_timeout_s
-        )
-        done = functools.partial(self._record, route, parsed.model, c)
-        # Mergeable embeddings go through the coalescer (a bad input is refused here, alone).
-        batching = mergeable(parsed)
-        workers = frozenset(w.name for w in self.pool.for_model(parsed.model))
-        n = parsed.body.get("n")
-        sequences = n if isinstance(n, int) and n > 1 else 1
-        failed: set[str] = set()
-        attempt = 0
-        while True:
-            attempt += 1
-            req = QueuedRequest(
-                id=f"r{next(self._ids)}",
-                cls=c.cls,
-                tenant=c.app,
-                arrival=received_at,
-                priority=cls.priority,
-                prompt_tokens=c.prompt_tokens,
-                max_tokens=c.max_tokens,
-                workers=workers,
-                endpoint=parsed.endpoint,
-                sequences=sequences,
-            )
-            healthy = self.pool.any_up(workers)
-            try:
-                worker = await lease.admit(req, eligible_healthy=healthy)
-            except ClientGone:
-                self.metrics.rejected.labels(c.cls, "disconnected").inc()
-                raise
-            priority = self.admission.upstream_priority(req, worker.name)
-            answer: tuple[int, bytes, str] | None = None
-            broke: AnswerBroke | None = None
-            try:
-                if batching is not None:
-                    return await self.coalescer.forward(
-                        batching,
-                        worker,
-                        lease.hand_over(),
-                        c.cls,
-                        c.prompt_tokens,
-                        received_at,
-                        done,
-                        lease.wait_gone,
-                        priority=priority,
-                    )
-                return await self.proxy.forward(
-                    lease, parsed, received_at, done, priority, first_byte_s
-                )
-            except WorkerUnreachable as exc:
-                answer = exc.answer
-                if answer is not None:
-                    failure = Failure.ERROR_ANSWER
-                else:
-                    failure = Failure.REFUSED if exc.refused else Failure.DROPPED
-            except AnswerBroke as exc:
-                log.info("answer from %s broke off before the first byte", worker.name)
-                failure, broke = Failure.BROKEN, exc
-            except WorkerLost as exc:
-                if not exc.failover:
-                    raise exc.error from None
-                failure = Failure.LOST
-            except FirstByteTimeout:
-                failure = Failure.SILENT
-                log.warning(
-                    "worker %s sent nothing within %.1f s; failing over", worker.name, first_byte_s
-                )
-            lease.end_attempt(0, 0)
-            failed.add(worker.name)
-            worker.failovers += 1
-            serving = [(w.name, w.up is not False) for w in self.pool.for_model(parsed.model)]
-            step = next_step(serving, frozenset(failed), failure, attempt)
-            if isinstance(step, Retry):
-                log.info("retrying on %s (attempt %d)", ", ".join(sorted(step.workers)), attempt)
-                workers = step.workers
-                continue
-            if step.pass_answer and answer is not None:
-                status, content, ctype = answer
-                self.metrics.count(route, parsed.model, status)
-                return Response(
-                    content, status, {"x-hearthgate-worker": worker.name}, media_type=ctype
-                )
-            if broke is not None and worker.up is not False:
-                raise broke.error  # the worker is up and keeps breaking its answers: 502
-            if failure is Failure.SILENT:
-                raise NoWorkerAvailable(
-                    f"worker {worker.name} sent nothing within {first_byte_s:g} s and no other "
-                    "worker serves this model; try again shortly",
-                    retry_after_s=self.settings.health.retry_after_s,
-                )
-            raise NoWorkerAvailable(
-                "no worker that serves this model is reachable; try again shortly",
-                retry_after_s=self.settings.health.retry_after_s,
-            )
-
     def _embed_activity(self, worker: str) -> tuple[int, bool]:
         return embed_activity(self.scheduler, worker)
 
-    def _record(self, route: str, model: str, c: Classification, result: Result) -> None:
+    def record_result(self, route: str, model: str, c: Classification, result: Result) -> None:
         cls = self.settings.classes[c.cls]
         accounting.record(self.metrics, self.app_tokens, route, model, c.cls, cls, c.app, result)
 

@@ -517,7 +517,7 @@ async def _send(
 
 
 async def _wait_gone(f: Fake, n: int) -> None:
-    for _ in range(200):
+    for _ in range(500):  # up to 5 s: a busy CI box is slow to see a connection close
         if len(f.gone) >= n:
             return
         await asyncio.sleep(0.01)

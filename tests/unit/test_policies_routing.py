@@ -232,7 +232,7 @@ def test_scheduler_sends_embeddings_to_the_embeddings_worker() -> None:
 
 
 def test_failover_request_excludes_the_failed_worker() -> None:
-    # core._dispatch re-queues a failed request with the failed worker left out of
+    # dispatch.dispatch re-queues a failed request with the failed worker left out of
     # ``workers``; the router then picks among the rest, even across roles.
     sched = Scheduler(CLASSES, routing=POLICY)
     ws = [w("gen"), w("gen2"), w("lp", "long_prefill")]
