@@ -427,13 +427,13 @@ class Pacing(_Strict):
     # tripled RAG burst (91.5%, 96.3%; loadtests/results/bg-prefill.md, bg-prefill-rest.md).
     background_prefill: int | None = Field(None, ge=1)
     # A late interactive first token cuts the background (decode) cap as well as the duty:
-    # "always" (the default), or "when_blind", only in an interval with no decode-only gap
-    # to judge the decode batch by (the case the cut is there for: long prompts in prefill
-    # all the time). In the 2026-12-03 matrix, at rag-burst x1, RAG waited in the gateway
-    # (12 queued on average) while the duty stayed open (p50 0.9) and the cap sat at 6 (p10
-    # 3): a candidate for what holds it (loadtests/results/matrix.summary.json,
-    # gateway_gauges). Not measured yet, so not the default.
-    late_cuts_decode_cap: Literal["always", "when_blind"] = "always"
+    # "when_blind" (the default), only in an interval with no decode-only gap to judge the
+    # decode batch by (the case the cut is there for: long prompts in prefill all the
+    # time), or "always". At light load and in RAG bursts "always" cut the cap 3-4 times in
+    # 40 s while no decode-only gap was over target; "when_blind" kept interactive >= 99.1%
+    # in every run, RAG on target 88 -> 100% at home-mix x1 and 27 -> 55% at rag-burst x2,
+    # background tok/s within noise (-3.5% to +6.8%; loadtests/results/late-blind.md).
+    late_cuts_decode_cap: Literal["always", "when_blind"] = "when_blind"
 
 
 class Shutdown(_Strict):

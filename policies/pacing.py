@@ -77,7 +77,8 @@ class PacingRule:
     # (policies.budgets).
     background_prefill: int | None = None
     # A late interactive first token cuts the background cap only in an interval with no
-    # decode-only gap (the decode batch unseen); False: in every interval (the default).
+    # decode-only gap (the decode batch unseen); False: in every interval. The gateway's
+    # settings turn it on by default (scheduler.pacing.late_cuts_decode_cap).
     late_cut_when_blind: bool = False
 
     def __post_init__(self) -> None:

@@ -53,10 +53,10 @@ def test_the_background_prefill_limit_is_off_by_default_and_reaches_the_rule() -
         settings(background_prefill=0)
 
 
-def test_late_cuts_of_the_decode_cap_are_always_by_default_or_only_when_blind() -> None:
-    assert pacing_rule(settings()).late_cut_when_blind is False  # type: ignore[union-attr]
-    rule = pacing_rule(settings(late_cuts_decode_cap="when_blind"))
-    assert rule is not None and rule.late_cut_when_blind is True
+def test_late_cuts_of_the_decode_cap_are_only_when_blind_by_default_or_always() -> None:
+    assert pacing_rule(settings()).late_cut_when_blind is True  # type: ignore[union-attr]
+    rule = pacing_rule(settings(late_cuts_decode_cap="always"))
+    assert rule is not None and rule.late_cut_when_blind is False
     with pytest.raises(Exception, match="late_cuts_decode_cap"):
         settings(late_cuts_decode_cap="never")
 
