@@ -74,6 +74,8 @@ def test_the_wheel_installs_one_top_level_name(installed: Path) -> None:
         assert not (site / name).exists()
         assert (site / "hearthgate" / name / "__init__.py").is_file()
     assert (site / "hearthgate" / "loadtests" / "scenarios" / "home-mix.yaml").is_file()
+    for asset in ("status.css", "status-body.html", "status.js"):  # the status page
+        assert (site / "hearthgate" / "gateway" / "static" / asset).is_file()
 
 
 def test_the_install_pulls_only_runtime_dependencies(installed: Path) -> None:
