@@ -15,9 +15,10 @@ What a worker tells and how:
   and ignores it under ``fcfs`` (its API docs say a non-zero priority is an error there;
   0.32 answers 200), and publishes the policy only on ``/server_info``, which exists when
   the worker runs with ``VLLM_SERVER_DEV_MODE=1``. So, in this order: the command line of
-  the local process listening on the worker's port (loopback URLs only), ``/server_info``,
-  and a probe that carries a non-zero priority, whose refusal (vLLM versions that enforce
-  it) means ``fcfs``. When none of these tells, the policy is reported unknown.
+  the local process listening on the worker's port (loopback URLs only, found in /proc by
+  ``vllm_process``), ``/server_info``, and a probe that carries a non-zero priority, whose
+  refusal (vLLM versions that enforce it) means ``fcfs``. When none of these tells, the
+  policy is reported unknown.
 """
 
 from __future__ import annotations
@@ -25,21 +26,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, TextIO
-from urllib.parse import urlsplit
 
 import aiohttp
 
 from hearthgate.gateway.settings import Settings, Worker
+from hearthgate.gateway.vllm_process import Policy, local_policy
 from hearthgate.policies.budgets import upstream_priority
 
 Level = Literal["error", "warning", "note"]
-Policy = Literal["fcfs", "priority"]
 PROBE_TEXT = "hearthgate live check"
 
 
@@ -73,7 +71,7 @@ class WorkerFacts:
     policy_source: str = ""  # how the policy is known, or why it is not
 
 
-# ----- pure helpers: parsing what workers and processes say -----
+# ----- pure helpers: parsing what workers say -----
 
 
 def parse_models(body: Any) -> tuple[ServedModel, ...]:
@@ -99,43 +97,6 @@ def policy_from_server_info(body: Any) -> Policy | None:
         policy = body["vllm_config"]["scheduler_config"]["policy"]
         if policy in ("fcfs", "priority"):
             return policy  # type: ignore[no-any-return]
-    return None
-
-
-def _option(argv: Sequence[str], name: str) -> str | None:
-    """The value of ``--name V`` or ``--name=V`` (the last one wins, as in argparse)."""
-    value = None
-    for i, arg in enumerate(argv):
-        if arg == name and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith(name + "="):
-            value = arg[len(name) + 1 :]
-    return value
-
-
-def vllm_server_port(argv: Sequence[str]) -> int | None:
-    """The port a vLLM OpenAI server command line listens on (None: not such a command)."""
-    joined = " ".join(argv)
-    if "vllm.entrypoints.openai.api_server" not in joined and not any(
-        Path(a).name == "vllm" and i + 1 < len(argv) and argv[i + 1] == "serve"
-        for i, a in enumerate(argv)
-    ):
-        return None
-    port = _option(argv, "--port")
-    try:
-        return int(port) if port is not None else 8000
-    except ValueError:
-        return None
-
-
-def policy_from_argv(argv: Sequence[str]) -> Policy | None:
-    """The scheduling policy a vLLM command line asks for: fcfs unless it says otherwise;
-    None when a ``--config`` file may say it."""
-    policy = _option(argv, "--scheduling-policy")
-    if policy in ("fcfs", "priority"):
-        return policy  # type: ignore[return-value]
-    if policy is None and _option(argv, "--config") is None:
-        return "fcfs"
     return None
 
 
@@ -391,74 +352,6 @@ def format_report(results: Sequence[tuple[Worker, WorkerFacts, list[Finding]]]) 
 
 
 # ----- probing -----
-
-
-_LOOPBACK = {"localhost", "::1", "0.0.0.0", "::"}
-
-
-def _is_local(host: str) -> bool:
-    return host in _LOOPBACK or host.startswith("127.") or host == socket.gethostname()
-
-
-def listening_inodes(tables: Sequence[str], port: int) -> set[str]:
-    """Socket inodes listening on ``port`` in the text of /proc/net/tcp and tcp6."""
-    inodes = set()
-    for table in tables:
-        for line in table.splitlines()[1:]:
-            cols = line.split()
-            # sl, local address (hex ip:port), remote, state (0A = LISTEN), ..., inode
-            if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(cols[9])
-    return inodes
-
-
-def _holds_any(pid_dir: Path, inodes: set[str]) -> bool | None:
-    """Whether the process holds one of the sockets (None: its fds are not ours to read)."""
-    wanted = {f"socket:[{i}]" for i in inodes}
-    try:
-        fds = list((pid_dir / "fd").iterdir())
-    except OSError:
-        return None
-    for fd in fds:
-        with contextlib.suppress(OSError):  # closed meanwhile
-            if str(fd.readlink()) in wanted:
-                return True
-    return False
-
-
-def local_policy(url: str, proc: Path = Path("/proc")) -> tuple[Policy | None, str] | None:
-    """The policy on the command line of the vLLM server on this machine that listens on
-    ``url``'s port; None when the URL is not local or no such process is visible."""
-    parts = urlsplit(url)
-    if parts.hostname is None or not _is_local(parts.hostname) or not proc.is_dir():
-        return None
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    tables = []
-    for name in ("tcp", "tcp6"):
-        with contextlib.suppress(OSError):
-            tables.append((proc / "net" / name).read_text())
-    inodes = listening_inodes(tables, port)
-    found: dict[Policy | None, int] = {}
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            raw = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        argv = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
-        # The port on the command line, and (where readable) the listening socket itself:
-        # a vLLM of another network namespace may use the same port number.
-        if vllm_server_port(argv) != port:
-            continue
-        if not inodes or _holds_any(entry, inodes) is not False:
-            found.setdefault(policy_from_argv(argv), int(entry.name))
-    if len(found) != 1:
-        return None  # none, or several processes that disagree
-    ((policy, pid),) = found.items()
-    if policy is None:
-        return None, f"pid {pid} reads its options from a --config file"
-    return policy, f"command line of pid {pid}"
 
 
 async def _request(
