@@ -315,6 +315,12 @@ class SchedulerCollector(Collector):
             "Share of each worker's measured prefill speed background prompts may use now",
             labels=["worker"],
         )
+        rate = GaugeMetricFamily(
+            "hearthgate_pacing_prefill_rate",
+            "Prompt tokens per second the gateway estimates each worker prefills (the "
+            "speed the prefill duty is a share of)",
+            labels=["worker"],
+        )
         cuts = CounterMetricFamily(
             "hearthgate_pacing_cuts",
             "Intervals in which pacing cut each lever of each worker (at its floor too): "
@@ -329,11 +335,13 @@ class SchedulerCollector(Collector):
             cap.add_metric([name], state.background_cap)
             if state.prefill_duty is not None:
                 duty.add_metric([name], state.prefill_duty)
+            if state.prefill_rate is not None:
+                rate.add_metric([name], state.prefill_rate)
             if state.app_cap is not None:
                 app_cap.add_metric([name], state.app_cap)
             if state.token_gap_s is not None:
                 gap.add_metric([name], state.token_gap_s)
-        yield from (cap, app_cap, gap, duty, cuts)
+        yield from (cap, app_cap, gap, duty, rate, cuts)
 
 
 @dataclass(frozen=True)

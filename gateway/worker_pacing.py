@@ -191,13 +191,18 @@ class WorkerPacing:
         return bool(self._pacers)
 
     def state(self) -> dict[str, PacingState]:
-        """Per paced worker: its caps, the last interval's mean token gap, its duty, and its
-        cuts since the gateway started (across reloads that restarted its pacer)."""
+        """Per paced worker: its caps, the last interval's mean token gap, its duty and the
+        prefill speed it is a share of, and its cuts since the gateway started (across
+        reloads that restarted its pacer)."""
         out = {}
         for name, p in sorted(self._pacers.items()):
             st = p.state()
             before = self._cuts_before.get(name)
-            out[name] = st if before is None else replace(st, cuts=st.cuts + before)
+            if before is not None:
+                st = replace(st, cuts=st.cuts + before)
+            if st.prefill_duty is not None:
+                st = replace(st, prefill_rate=self._rates.rate(name))
+            out[name] = st
         return out
 
     def _pacer(self, worker: str, now: float) -> WorkerPacer | None:

@@ -199,13 +199,17 @@ class PacingCuts:
 class PacingState:
     """One paced worker: its background cap, its per-app interactive cap (None: off), the
     mean token gap of the last interval with decode-only gaps (None before any), the
-    background prefill duty (None: no prefill pacing) and how often each lever was cut."""
+    background prefill duty (None: no prefill pacing), how often each lever was cut, and the
+    prefill speed the duty is a share of."""
 
     background_cap: int
     app_cap: int | None
     token_gap_s: float | None
     prefill_duty: float | None = None
     cuts: PacingCuts = PacingCuts()
+    # The prefill speed (prompt tokens per second) the duty is a share of (None: no
+    # prefill pacing, or not told).
+    prefill_rate: float | None = None
 
     def cut_counts(self) -> list[tuple[str, str, int]]:
         """``cuts.items()`` for the levers this worker has (no duty without prefill

@@ -29,7 +29,7 @@ def test_metrics_export_each_levers_cuts_and_the_bench_keeps_them() -> None:
     cuts = PacingCuts(background_gap=2, duty_late=3, app_gap=1)
     got = _scrape(
         {
-            "w0": PacingState(4, None, 0.01, 0.5, cuts),  # no per-app pacing
+            "w0": PacingState(4, None, 0.01, 0.5, cuts, prefill_rate=9000.0),  # no per-app
             "w1": PacingState(8, 6, None, None, cuts),  # no prefill pacing
         }
     )
@@ -42,6 +42,9 @@ def test_metrics_export_each_levers_cuts_and_the_bench_keeps_them() -> None:
                 out[(labels["lever"].strip('"'), labels["reason"].strip('"'))] = value
         return out
 
+    rate = "hearthgate_pacing_prefill_rate"
+    assert got[f'{rate}{{worker="w0"}}'] == 9000.0
+    assert not any(k.startswith(rate) and "w1" in k for k in got)  # no prefill pacing
     assert levers("w0") == {
         ("background", "gap"): 2.0,
         ("background", "late"): 0.0,

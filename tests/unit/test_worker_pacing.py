@@ -32,7 +32,7 @@ def test_decode_pacing_alone_counts_no_prefills() -> None:
     t = slow_gaps(p, 100.0)
     p.update(t + 0.5, {})
     state = p.state()["w0"]
-    assert state.prefill_duty is None
+    assert state.prefill_duty is None and state.prefill_rate is None
     assert state.token_gap_s == pytest.approx(0.04)
     assert state.background_cap < 8
 
@@ -50,6 +50,7 @@ def test_prefill_pacing_counts_prompts_in_prefill() -> None:
     assert state.background_cap == 8
     assert state.token_gap_s is None
     assert state.prefill_duty == pytest.approx(0.7)
+    assert state.prefill_rate == PrefillRates().initial  # the speed the duty is a share of
     t = slow_gaps(p, t + 0.6)  # nothing in prefill now
     p.update(t + 0.5, {})
     assert p.state()["w0"].token_gap_s == pytest.approx(0.04)
