@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -43,7 +42,7 @@ from hearthgate.gateway.embed_batch import Item, Plan, split_answer
 from hearthgate.gateway.errors import GatewayError, UpstreamFailed
 from hearthgate.gateway.metrics import GatewayMetrics
 from hearthgate.gateway.parse import ParsedRequest
-from hearthgate.gateway.proxy import Result, openai_error_body, read_usage, upstream_body
+from hearthgate.gateway.proxy import Result, openai_error_body, upstream_body
 from hearthgate.gateway.settings import RequestClass, Settings
 from hearthgate.gateway.upstream import UpstreamClient, WorkerUnreachable
 from hearthgate.gateway.workers import WorkerState
@@ -64,6 +63,7 @@ class Answer:
     status: int
     content: bytes
     content_type: str = "application/json"
+    prompt_tokens: int | None = None  # the caller's share, on a split answer
 
 
 Upstream = Callable[[WorkerState, bytes], Awaitable[Answer]]
@@ -219,7 +219,7 @@ class Coalescer:
         if answer.status == 200:
             result.completed = True
             result.e2e_s = self._clock() - received_at
-            result.prompt_tokens = read_usage(answer.content)[0]
+            result.prompt_tokens = answer.prompt_tokens
         done(result)
         return Response(
             content=answer.content,
@@ -352,18 +352,15 @@ class Coalescer:
             return None, [Answer(answer.status, body, "application/json")] * len(parts), []
         logical = parts[0].plan.parsed.model
         try:
-            bodies = split_answer(answer.content, [p.plan.items for p in parts], logical)
+            shares = split_answer(answer.content, [p.plan.items for p in parts], logical)
         except (ValueError, KeyError, TypeError, AttributeError):
             return UpstreamFailed(f"worker {worker.name} answered malformed JSON"), [], []
         if len(parts) > 1:
             self._metrics.coalesce_saved.labels(self._metrics.model_label(logical)).inc(
                 len(parts) - 1
             )
-        answers = [
-            Answer(200, json.dumps(b, separators=(",", ":")).encode(), answer.content_type)
-            for b in bodies
-        ]
-        return None, answers, [int(b["usage"]["prompt_tokens"]) for b in bodies]
+        answers = [Answer(200, s.body, answer.content_type, s.prompt_tokens) for s in shares]
+        return None, answers, [s.prompt_tokens for s in shares]
 
     def _end(
         self,

@@ -13,9 +13,11 @@ items) gets the worker's exact count.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from json.decoder import scanstring
 from typing import Any
 
 from hearthgate.gateway.errors import BadRequest
@@ -122,28 +124,151 @@ def apportion(total: int, parts: Sequence[Sequence[Item]]) -> list[int]:
     return [e + o for e, o in zip(exact, out, strict=True)]
 
 
+@dataclass(frozen=True, slots=True)
+class Share:
+    """One caller's part of a merged answer: its response body and its prompt tokens."""
+
+    body: bytes
+    prompt_tokens: int
+
+
 def split_answer(
     content: bytes, parts: Sequence[Sequence[Item]], model: str | None = None
-) -> list[dict[str, Any]]:
+) -> list[Share]:
     """One response body per caller from a merged call's answer (with ``model`` as the
-    answer's model name when given). Raises ValueError when the answer does not hold one
-    embedding per item."""
-    answer = json.loads(content)
-    data = answer.get("data") if isinstance(answer, dict) else None
-    if not isinstance(data, list) or len(data) != sum(len(p) for p in parts):
+    answer's model name when given). Raises ValueError when the answer is malformed or does
+    not hold one embedding per item.
+
+    Each vector is copied as the worker wrote it, never parsed into floats and printed
+    again: that round trip was most of the gateway's CPU per embeddings request (a
+    384-float vector is ~8 KB of JSON)."""
+    answer, entries = _scan_answer(content.decode())
+    if len(entries) != sum(len(p) for p in parts):
         raise ValueError("the answer does not hold one embedding per input")
-    data = sorted(data, key=lambda d: int(d["index"]))
+    entries.sort(key=lambda e: int(e[0]["index"]))
     if model is not None and "model" in answer:
         answer["model"] = model  # the name the client asked for, if the worker's differs
     usage = answer.get("usage") or {}
+    if not isinstance(usage, dict):
+        raise ValueError("the answer's usage is not an object")
     total = int(usage.get("prompt_tokens") or 0)
-    tokens = apportion(total, parts)
-    out: list[dict[str, Any]] = []
+    completion = int(usage.get("completion_tokens") or 0)
+    out: list[Share] = []
     start = 0
-    for items, n in zip(parts, tokens, strict=True):
-        mine = [{**d, "index": k} for k, d in enumerate(data[start : start + len(items)])]
+    for items, n in zip(parts, apportion(total, parts), strict=True):
+        mine = entries[start : start + len(items)]
         start += len(items)
-        completion = int(usage.get("completion_tokens") or 0)
-        own_usage = {**usage, "prompt_tokens": n, "total_tokens": n + completion}
-        out.append({**answer, "data": mine, "usage": own_usage})
+        data = ",".join(
+            _with_raw({**fields, "index": k}, "embedding", raw)
+            for k, (fields, raw) in enumerate(mine)
+        )
+        own = {**answer, "usage": {**usage, "prompt_tokens": n, "total_tokens": n + completion}}
+        out.append(Share(_with_raw(own, "data", f"[{data}]").encode(), n))
     return out
+
+
+def _with_raw(fields: dict[str, Any], key: str, raw: str | None) -> str:
+    """``fields`` as compact JSON, with ``key`` last holding the JSON text ``raw`` as is."""
+    text = json.dumps(fields, separators=(",", ":"))
+    if raw is None:
+        return text
+    return f"{text[:-1]}{',' if len(text) > 2 else ''}{json.dumps(key)}:{raw}}}"
+
+
+# ------------------------------------------------------------------ reading an answer
+
+_DECODE = json.JSONDecoder()
+_WS = re.compile(r"[ \t\n\r]*")
+# What a flat array of JSON numbers holds besides its brackets: a vector found by its closing
+# bracket and checked with this one class, not parsed number by number (a full grammar check
+# cost as much as parsing). vLLM writes plain floats; anything else goes through the parser.
+_NOT_NUMBERS = re.compile(r"[^-+.0-9eE, \t\n\r]")
+
+Entry = tuple[dict[str, Any], str | None]
+"""A ``data`` entry: its fields but ``embedding``, and the embedding's JSON text."""
+
+
+def _scan_answer(text: str) -> tuple[dict[str, Any], list[Entry]]:
+    """An embeddings answer's top-level fields (without ``data``) and its ``data`` entries,
+    each vector kept as JSON text. Raises ValueError for anything but an object whose
+    ``data`` is an array of objects."""
+    entries: list[Entry] | None = None
+
+    def value(key: str, at: int) -> tuple[Any, int]:
+        nonlocal entries
+        if key == "data" and text[at] == "[":
+            entries, at = _scan_array(text, at)
+            return None, at
+        return _DECODE.raw_decode(text, at)
+
+    try:
+        top, end = _scan_object(text, _WS.match(text).end(), value)
+        if text[_WS.match(text, end).end() :]:
+            raise ValueError("extra data after the answer")
+    except (IndexError, StopIteration) as exc:
+        raise ValueError("the answer is not complete JSON") from exc
+    if entries is None:
+        raise ValueError("the answer has no data array")
+    top.pop("data", None)
+    return top, entries
+
+
+def _scan_array(text: str, at: int) -> tuple[list[Entry], int]:
+    entries: list[Entry] = []
+    at = _WS.match(text, at + 1).end()
+    if text[at] == "]":
+        return entries, at + 1
+    while True:
+        entry, at = _scan_entry(text, at)
+        entries.append(entry)
+        at = _WS.match(text, at).end()
+        if text[at] == "]":
+            return entries, at + 1
+        if text[at] != ",":
+            raise ValueError(f"expected ',' or ']' at {at}")
+        at = _WS.match(text, at + 1).end()
+
+
+def _scan_entry(text: str, at: int) -> tuple[Entry, int]:
+    raw: str | None = None
+
+    def field(key: str, i: int) -> tuple[Any, int]:
+        nonlocal raw
+        if key != "embedding":
+            return _DECODE.raw_decode(text, i)
+        close = text.find("]", i) + 1 if text[i] == "[" else 0
+        if not close or _NOT_NUMBERS.search(text, i + 1, close - 1):
+            close = _DECODE.raw_decode(text, i)[1]
+        raw = text[i:close]
+        return None, close
+
+    fields, at = _scan_object(text, at, field)
+    fields.pop("embedding", None)
+    return (fields, raw), at
+
+
+def _scan_object(
+    text: str, at: int, value: Callable[[str, int], tuple[Any, int]]
+) -> tuple[dict[str, Any], int]:
+    """The object starting at ``at`` (each value read by ``value(key, index)``) and the
+    index after it."""
+    if text[at] != "{":
+        raise ValueError(f"expected an object at {at}")
+    out: dict[str, Any] = {}
+    at = _WS.match(text, at + 1).end()
+    if text[at] == "}":
+        return out, at + 1
+    while True:
+        if text[at] != '"':
+            raise ValueError(f"expected a key at {at}")
+        key, at = scanstring(text, at + 1)
+        at = _WS.match(text, at).end()
+        if text[at] != ":":
+            raise ValueError(f"expected ':' at {at}")
+        out[key], at = value(key, _WS.match(text, at + 1).end())
+        at = _WS.match(text, at).end()
+        if text[at] == "}":
+            return out, at + 1
+        if text[at] != ",":
+            raise ValueError(f"expected ',' or '}}' at {at}")
+        at = _WS.match(text, at + 1).end()

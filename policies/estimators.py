@@ -34,6 +34,7 @@ class DrainRate:
         self._ends: dict[str, deque[float]] = {}
         self._busy_since: dict[str, float] = {}  # class -> start of its busy period now
         self._periods: dict[str, deque[tuple[float, float]]] = {}  # closed busy periods
+        self._period_s: dict[str, float] = {}  # their summed lengths
 
     def record(self, cls: str, now: float) -> None:
         ends = self._ends.get(cls)
@@ -48,14 +49,22 @@ class DrainRate:
         since = self._busy_since.get(cls)
         periods = self._periods.get(cls)
         if periods is None:
-            periods = self._periods[cls] = deque(maxlen=self._max)
+            periods = self._periods[cls] = deque()
+            self._period_s[cls] = 0.0
         if active and since is None:
             self._busy_since[cls] = now
         elif not active and since is not None:
             del self._busy_since[cls]
             periods.append((since, now))
+            self._period_s[cls] += now - since
+            if len(periods) > self._max:
+                self._drop_period(cls, periods)
         while periods and periods[0][1] < now - self._window:
-            periods.popleft()
+            self._drop_period(cls, periods)
+
+    def _drop_period(self, cls: str, periods: deque[tuple[float, float]]) -> None:
+        start, end = periods.popleft()
+        self._period_s[cls] = max(0.0, self._period_s[cls] - (end - start)) if periods else 0.0
 
     def _busy_seconds(self, cls: str, now: float) -> float | None:
         """Seconds ``cls`` was busy in the window; None if its busy periods are not
@@ -64,7 +73,10 @@ class DrainRate:
         if periods is None:
             return None
         lo = now - self._window
-        total = sum(end - max(start, lo) for start, end in periods if end > lo)
+        while periods and periods[0][1] <= lo:
+            self._drop_period(cls, periods)
+        # Periods are disjoint and in order: only the oldest can start before the window.
+        total = self._period_s[cls] - (max(0.0, lo - periods[0][0]) if periods else 0.0)
         since = self._busy_since.get(cls)
         if since is not None:
             total += now - max(since, lo)

@@ -105,10 +105,18 @@ def answer(items: list[Any], encoding: str = "float", tokens: int | None = None)
     return json.dumps(body).encode()
 
 
+def split(content: bytes, parts: list[list[Any]], model: str | None = None) -> list[Any]:
+    """The split bodies as parsed JSON (checking each share's tokens match its body)."""
+    shares = split_answer(content, parts, model)
+    bodies = [json.loads(s.body) for s in shares]
+    assert [s.prompt_tokens for s in shares] == [b["usage"]["prompt_tokens"] for b in bodies]
+    return bodies
+
+
 def test_split_reindexes_per_caller_in_order() -> None:
     parts = [["a"], ["bb", "ccc"], [[1, 2]]]
     merged = [i for p in parts for i in p]
-    bodies = split_answer(answer(merged, tokens=9), parts, model="m")
+    bodies = split(answer(merged, tokens=9), parts, model="m")
     assert [[d["index"] for d in b["data"]] for b in bodies] == [[0], [0, 1], [0]]
     assert [d["embedding"][1] for d in bodies[1]["data"]] == [1.0, 2.0]
     assert bodies[2]["data"][0]["embedding"][1] == 3.0
@@ -118,9 +126,62 @@ def test_split_reindexes_per_caller_in_order() -> None:
 
 
 def test_split_passes_base64_items_through() -> None:
-    bodies = split_answer(answer(["a", "b"], "base64"), [["a"], ["b"]])
+    bodies = split(answer(["a", "b"], "base64"), [["a"], ["b"]])
     raw = base64.b64decode(bodies[1]["data"][0]["embedding"])
     assert struct.unpack("<2f", raw) == (3.0, 1.0)
+
+
+def test_split_copies_each_vector_as_the_worker_wrote_it() -> None:
+    # Whitespace, exponents, negative zero and digits past a double's precision survive
+    # byte for byte: the vector text is copied, not parsed and printed again.
+    vec = "[ -0.0, 1e-07,\n 0.12345678901234567890 , -3E+2 ]"
+    body = (
+        '{"id":"e","data":[{"embedding":' + vec + ',"index":1,"object":"embedding"},'
+        ' {"index":0,"object":"embedding","embedding":[1, 2]}],'
+        '"model":"up","usage":{"prompt_tokens":4,"total_tokens":4}}'
+    )
+    shares = split_answer(body.encode(), [["a"], ["b"]])
+    assert vec.encode() in shares[1].body
+    assert json.loads(shares[0].body)["data"] == [
+        {"index": 0, "object": "embedding", "embedding": [1, 2]}
+    ]
+    assert json.loads(shares[1].body)["data"][0]["index"] == 0
+
+
+def test_split_keeps_unusual_vectors_and_fields() -> None:
+    # Nested arrays, NaN (Python's json writes it) and extra fields go through the parser.
+    data = [
+        {"index": 0, "embedding": [[1.5, 2.0]], "extra": {"k": [1]}},
+        {"index": 1, "embedding": [float("nan")]},
+        {"index": 2},
+    ]
+    content = json.dumps({"data": data, "usage": {"prompt_tokens": 3}}).encode()
+    bodies = [json.loads(s.body) for s in split_answer(content, [["a"], ["b"], ["c"]])]
+    assert bodies[0]["data"] == [data[0]]
+    assert str(bodies[1]["data"][0]["embedding"]) == "[nan]"
+    assert bodies[2]["data"] == [{"index": 0}]
+    assert [b["usage"] for b in bodies] == [{"prompt_tokens": 1, "total_tokens": 1}] * 3
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"",
+        b"[]",
+        b'{"data": 5}',
+        b'{"object": "list"}',
+        b'{"data": [1]}',
+        b'{"data": [{"index": 0, "embedding": [1, 2]}',
+        b'{"data": [{"index": 0, "embedding": [1, 2]}]} trailing',
+        b'{"data": [{"index": 0 "embedding": [1]}]}',
+        b'{"data": [{"index": 0, "embedding": [1, 2}]}',
+        b'{"data": [{"embedding": [1]}]}',
+        b'{"data": [{"index": 0}], "usage": 3}',
+    ],
+)
+def test_split_refuses_malformed_answers(content: bytes) -> None:
+    with pytest.raises((ValueError, KeyError)):
+        split_answer(content, [["a"]])
 
 
 def test_split_refuses_a_short_answer() -> None:

@@ -188,3 +188,29 @@ def test_busy_periods_leave_the_window_and_stay_bounded() -> None:
         d.busy("rag", i + 0.5, False)
     assert len(d._periods["rag"]) <= 11
     assert d.rate("rag", 10_000.0) == pytest.approx(10 / 5.0)  # 10 ends in 5 busy seconds
+
+
+def test_busy_seconds_kept_as_a_running_sum_match_a_recount() -> None:
+    # Thousands of short busy periods (one per embeddings request): the window's busy time
+    # is a running sum, checked against summing the periods again at every step.
+    import random
+
+    rnd = random.Random(5)
+    d = DrainRate(window_s=3.0, max_events=50)
+    periods: list[tuple[float, float]] = []
+    now, since = 0.0, None
+    for _ in range(3000):
+        now += rnd.expovariate(40.0)
+        active = rnd.random() < 0.5
+        d.busy("embed", now, active)
+        if active and since is None:
+            since = now
+        elif not active and since is not None:
+            periods.append((since, now))
+            since = None
+        lo = now - 3.0
+        kept = [p for p in periods[-50:] if p[1] > lo]
+        expect = sum(e - max(s, lo) for s, e in kept)
+        if since is not None:
+            expect += now - max(since, lo)
+        assert d._busy_seconds("embed", now) == pytest.approx(expect, abs=1e-9)
