@@ -12,6 +12,7 @@ import asyncio
 import base64
 import hashlib
 import json
+import random
 import struct
 import time
 
@@ -108,11 +109,16 @@ async def _tokenize(request: web.Request) -> web.Response:
     return web.json_response({"count": len(str(text).split()), "max_model_len": 4096})
 
 
-def _vector(item: object, params: dict[str, object]) -> list[float]:
-    """A distinct, deterministic 8-dimensional vector per input item and parameter set
-    (so an answer computed with another request's parameters would show)."""
+def _vector(item: object, params: dict[str, object], dims: int = 8) -> list[float]:
+    """A distinct, deterministic vector per input item and parameter set (so an answer
+    computed with another request's parameters would show): 8 dimensions by default, or
+    ``dims`` full-precision floats like a real model's (384 for MiniLM), for measuring the
+    cost of relaying them."""
     digest = hashlib.sha256(json.dumps([item, params], sort_keys=True).encode()).digest()
-    return [b / 255.0 for b in digest[:8]]
+    if dims == 8:
+        return [b / 255.0 for b in digest[:8]]
+    rnd = random.Random(digest)
+    return [rnd.uniform(-0.2, 0.2) for _ in range(dims)]
 
 
 async def _embeddings(request: web.Request) -> web.Response:
@@ -143,7 +149,7 @@ async def _embeddings(request: web.Request) -> web.Response:
     tokens = 0
     params = {k: v for k, v in body.items() if k not in ("input", "priority")}
     for i, item in enumerate(items):
-        vec = _vector(item, params)
+        vec = _vector(item, params, request.app["dims"])
         tokens += len(item) if isinstance(item, list) else len(str(item).split()) + 2
         emb: object = vec
         if body.get("encoding_format") == "base64":
@@ -174,10 +180,12 @@ def make_app(
     served_model: str | None = None,
     drop_before_headers: bool = False,
     fail_status: int | None = None,
+    dims: int = 8,
 ) -> web.Application:
     app = web.Application()
     app["fail_status"] = fail_status
     app["delay_ms"] = delay_ms
+    app["dims"] = dims
     app["served_model"] = served_model
     app["drop_before_headers"] = drop_before_headers
     app["stats"] = {"embedding_calls": 0, "embedding_items": 0}
@@ -194,6 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, default=18900)
     parser.add_argument("--delay-ms", type=float, default=0.0)
+    parser.add_argument("--dims", type=int, default=8, help="embedding vector length")
     parser.add_argument("--served-model", default=None, help="answer only this model name")
     parser.add_argument(
         "--drop-before-headers",
@@ -207,7 +216,9 @@ def main(argv: list[str] | None = None) -> None:
         help="fault injection: answer every generation request with this HTTP status",
     )
     args = parser.parse_args(argv)
-    app = make_app(args.delay_ms, args.served_model, args.drop_before_headers, args.fail_status)
+    app = make_app(
+        args.delay_ms, args.served_model, args.drop_before_headers, args.fail_status, args.dims
+    )
     web.run_app(app, host="127.0.0.1", port=args.port, print=None)
 
 

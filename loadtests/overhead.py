@@ -1,4 +1,5 @@
-"""Gateway overhead: time to first token added by the gateway, and its CPU per relayed token.
+"""Gateway overhead: time to first token added by the gateway, its CPU per relayed token, and
+its CPU per embeddings request (single texts, merged by the coalescer, 384-float vectors).
 
 Run: ``make bench-overhead`` (or ``python -m hearthgate.loadtests.overhead``). Each upstream (an
 instant local upstream, and a real CPU vLLM worker unless ``--no-vllm``) is measured directly and
@@ -58,12 +59,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _spawn(cmd: list[str], core: int, log: Path) -> subprocess.Popen[bytes]:
+def _spawn(
+    cmd: list[str], core: int, log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     out = log.open("wb")
     return subprocess.Popen(
         cmd,
         stdout=out,
         stderr=subprocess.STDOUT,
+        env=env,
         preexec_fn=lambda: os.sched_setaffinity(0, {core}),
     )
 
@@ -167,6 +171,87 @@ async def measure(
     }
 
 
+async def _embed_block(
+    session: aiohttp.ClientSession,
+    base: str,
+    model: str,
+    concurrency: int,
+    n: int,
+    lat: list[float],
+) -> int:
+    """``n`` single-text embeddings requests, ``concurrency`` at a time; their latencies go to
+    ``lat``; returns the number of errors."""
+    errors = 0
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> None:
+        nonlocal errors
+        text = " ".join(["the shopping list for the weekend"] * (1 + i % 8)) + f" {i}"
+        async with sem:
+            t0 = time.perf_counter()
+            try:
+                async with session.post(
+                    base + "/v1/embeddings", json={"model": model, "input": text}
+                ) as r:
+                    await r.read()
+                    errors += r.status != 200
+            except aiohttp.ClientError:
+                errors += 1
+                return
+            lat.append(time.perf_counter() - t0)
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+    return errors
+
+
+async def measure_embeddings(
+    direct: str, gateway: str, gateway_pid: int, model: str, concurrency: int, n: int, rounds: int
+) -> dict[str, Any]:
+    """Single-text embeddings requests straight to the upstream and through the gateway
+    (where concurrent ones are merged into one call), alternating blocks; the gateway's CPU
+    per request."""
+    timeout = aiohttp.ClientTimeout(total=300)
+    d: list[float] = []
+    g: list[float] = []
+    errors, cpu_s = 0, 0.0
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), timeout=timeout
+    ) as session:
+        await _embed_block(session, direct, model, concurrency, n, [])
+        await _embed_block(session, gateway, model, concurrency, n, [])
+        for _ in range(rounds):
+            errors += await _embed_block(session, direct, model, concurrency, n, d)
+            cpu0 = _cpu_seconds(gateway_pid)
+            errors += await _embed_block(session, gateway, model, concurrency, n, g)
+            cpu_s += _cpu_seconds(gateway_pid) - cpu0
+    return {
+        "concurrency": concurrency,
+        "requests_per_side": len(d),
+        "errors": errors,
+        "direct_p50_ms": _pct(d, 50) * 1e3,
+        "direct_p99_ms": _pct(d, 99) * 1e3,
+        "gateway_p50_ms": _pct(g, 50) * 1e3,
+        "gateway_p99_ms": _pct(g, 99) * 1e3,
+        "gateway_cpu_us_per_request": cpu_s / max(1, len(g)) * 1e6,
+    }
+
+
+def _embed_table(rows: list[dict[str, Any]]) -> str:
+    head = (
+        "| embeddings (384 floats each) | requests/side | direct p50 / p99 (ms) |"
+        " via gateway p50 / p99 (ms) | gateway CPU per request (µs) |\n"
+        "|---|---|---|---|---|\n"
+    )
+    lines = [
+        f"| {r['concurrency']} at a time | {r['requests_per_side']} | "
+        f"{r['direct_p50_ms']:.2f} / {r['direct_p99_ms']:.2f} | "
+        f"{r['gateway_p50_ms']:.2f} / {r['gateway_p99_ms']:.2f} | "
+        f"{r['gateway_cpu_us_per_request']:.0f} |"
+        for r in rows
+    ]
+    return head + "\n".join(lines) + "\n"
+
+
 def _table(rows: list[dict[str, Any]]) -> str:
     head = (
         "| upstream | streams | requests/side | direct TTFT p50 / p99 (ms) | via gateway p50 / p99"
@@ -189,6 +274,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-vllm", action="store_true", help="skip the real vLLM upstream")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", default=str(REPO / "loadtests/results/overhead.json"))
+    parser.add_argument(
+        "--gateway-src",
+        default=None,
+        help="run the gateway from this checkout of the repository (a before/after comparison)",
+    )
     args = parser.parse_args(argv)
     RUN.mkdir(parents=True, exist_ok=True)
     procs: list[subprocess.Popen[bytes]] = []
@@ -206,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
                     "hearthgate.loadtests.instant_upstream",
                     "--port",
                     str(up_port),
+                    "--dims",
+                    "384",
                 ],
                 OTHER_CORE,
                 RUN / "instant.log",
@@ -227,10 +319,15 @@ def main(argv: list[str] | None = None) -> int:
                 {"listen": {"port": gw_port}, "workers": cfg_workers, "log_level": "warning"}
             )
         )
+        py, gw_env = [sys.executable], None
+        if args.gateway_src:  # that checkout's code only, not the one this runs from
+            py.append("-P")
+            gw_env = {**os.environ, "PYTHONPATH": str(Path(args.gateway_src).resolve())}
         gw = _spawn(
-            [sys.executable, "-m", "hearthgate.gateway.cli", "serve", "--config", str(cfg)],
+            [*py, "-m", "hearthgate.gateway.cli", "serve", "--config", str(cfg)],
             GATEWAY_CORE,
             RUN / "gateway.log",
+            gw_env,
         )
         procs.append(gw)
         os.sched_setaffinity(0, {OTHER_CORE})
@@ -252,8 +349,21 @@ def main(argv: list[str] | None = None) -> int:
                     r["upstream"] = name
                     rows.append(r)
                     print(json.dumps(r), flush=True)
+            for conc in (1, 32):
+                e = await measure_embeddings(
+                    f"http://127.0.0.1:{up_port}",
+                    gateway,
+                    gw.pid,
+                    "instant",
+                    conc,
+                    500,
+                    args.rounds,
+                )
+                embed_rows.append(e)
+                print(json.dumps(e), flush=True)
             return rows
 
+        embed_rows: list[dict[str, Any]] = []
         rows = asyncio.run(run_all())
     finally:
         for p in procs:
@@ -264,18 +374,21 @@ def main(argv: list[str] | None = None) -> int:
 
             stop_all(workers)
     result = {
-        "command": "make bench-overhead",
+        "command": "make bench-overhead"
+        + (f" (gateway from {args.gateway_src})" if args.gateway_src else ""),
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "placement": "gateway on core 0; client, instant upstream and vLLM worker on core 1",
         "rounds": args.rounds,
         "rows": rows,
+        "embeddings": embed_rows,
         "median_added_p50_ms": statistics.median(r["added_ttft_p50_ms"] for r in rows),
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(_table(rows))
+    print(_embed_table(embed_rows))
     print(f"wrote {out}")
     return 0
 

@@ -5,6 +5,7 @@ against real MiniLM is tests/e2e/test_coalesce_vllm.py."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -112,3 +113,25 @@ def test_single_request_and_token_input(gw: str, upstream: str) -> None:
     assert via.status_code == 200 and via.json()["data"] == direct.json()["data"]
     assert via.json()["usage"]["prompt_tokens"] == 5
     assert via.headers["x-hearthgate-worker"] == "emb0"
+
+
+async def test_full_length_vectors_arrive_digit_for_digit() -> None:
+    # 384 full-precision floats per vector, as MiniLM answers: the gateway copies each
+    # vector's text from the merged answer, so a caller's bytes hold the very digits the
+    # worker wrote, and parse to the same floats as a direct call's.
+    with instant_upstream(delay_ms=20, args=["--dims", "384"]) as up:
+        settings = {"workers": [{"name": "emb0", "url": up, "models": ["m"], "role": "embeddings"}]}
+        with gateway(settings, name="coalesce-384") as gw:
+            bodies = [{"model": "m", "input": f"a longer note, number {i}"} for i in range(60)]
+            direct = await post_all(up, bodies)
+            before = calls(up)
+            via = await post_all(gw, bodies)
+            assert calls(up) - before < 60  # merged
+    for d, v in zip(direct, via, strict=True):
+        assert v.status_code == 200
+        vec = d.json()["data"][0]["embedding"]
+        assert len(vec) == 384 and v.json()["data"][0]["embedding"] == vec
+        raw = [re.search(rb'"embedding": ?(\[[^\]]*\])', r.content) for r in (d, v)]
+        assert raw[0] is not None and raw[1] is not None
+        assert raw[1].group(1) == raw[0].group(1)  # the same bytes
+        assert json.loads(raw[1].group(1)) == vec
