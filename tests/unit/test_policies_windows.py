@@ -56,11 +56,27 @@ def test_no_added_wait_when_arrivals_are_sparse() -> None:
         assert d.dispatch_at == last and d.reason is Reason.SPARSE
 
 
-def test_idle_worker_and_dense_arrivals_wait_one_expected_gap() -> None:
+def test_idle_worker_gets_the_request_at_once_even_when_arrivals_are_dense() -> None:
     g, last = gaps_every(0.002, 50)
     d = decide(EMBED, one(last), IDLE, g.expected_gap(last), last)
-    assert d.reason is Reason.IDLE_PARTNER
-    assert d.dispatch_at == pytest.approx(last + 0.002)
+    assert d.reason is Reason.IDLE and d.dispatch_at == last
+    # With a minimum wait set, that minimum still holds.
+    policy = WindowPolicy(min_wait_s=0.003, max_wait_s=0.020, max_batch_size=64)
+    assert decide(policy, one(last), IDLE, g.expected_gap(last), last).dispatch_at == last + 0.003
+
+
+def test_a_client_sending_one_at_a_time_is_never_held() -> None:
+    # A closed loop: the next request comes only when the previous answer is back (1 ms on
+    # the worker). The worker is idle at each arrival, so no request waits, and the gaps
+    # stay what the client makes them.
+    g = ArrivalGaps()
+    now, waits = T0, []
+    for _ in range(200):
+        g.observe(now)
+        d = decide(EMBED, one(now), IDLE, g.expected_gap(now), now)
+        waits.append(d.dispatch_at - now)
+        now = d.dispatch_at + 0.001
+    assert max(waits) == 0.0
 
 
 def test_busy_worker_and_dense_arrivals_grow_toward_the_maximum_but_stay_bounded() -> None:
