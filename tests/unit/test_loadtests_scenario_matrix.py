@@ -115,6 +115,40 @@ def test_background_is_judged_against_the_best_vllm_that_holds_interactive() -> 
     }
 
 
+def test_an_embeddings_backlog_is_judged_by_its_share_on_target() -> None:
+    # Embeddings make no output tokens: the background check is the embed class's share
+    # answered within its target, against the best vLLM setting holding interactive work.
+    sc = load_scenario("embed-backlog")
+    point = MatrixPoint(name="embed-backlog", scenario="embed-backlog")
+
+    def cell(att: float, embed: float, tpot: float) -> dict[str, Any]:
+        c = stats(att, 0.0, tpot)
+        c["classes"]["embed"] = {"attainment": embed, "output_tokens_per_s": 0.0}
+        return c
+
+    cells = {
+        "vllm-fcfs": cell(1.0, 0.73, 0.002),
+        "vllm-tuned": cell(1.0, 0.84, 0.0016),
+        "gateway": cell(1.0, 0.28, 0.0064),
+    }
+    checks = judge(point, cells, TARGETS, sc)["gateway"]
+    emb = next(c for c in checks if c["check"].startswith("embed"))
+    assert emb["check"] == "embed on target vs best vLLM holding 90%"
+    assert emb["bound"] == pytest.approx(0.95 * 0.84) and emb["ok"] is False
+    assert "background tok/s vs best vLLM holding 90%" not in by_check(checks)
+    assert by_check(checks)["chat TPOT p50 vs tuned vLLM"] is False
+    cells["gateway"] = cell(1.0, 0.81, 0.001)
+    assert all(c["ok"] for c in judge(point, cells, TARGETS, sc)["gateway"])
+    summary = {
+        "rounds": 3,
+        "targets": TARGETS,
+        "points": [{"name": "embed-backlog", "scenario": "embed-backlog"}],
+        "cells": {"embed-backlog": cells},
+        "verdicts": {"embed-backlog": judge(point, cells, TARGETS, sc)},
+    }
+    assert "100% / embed 81% on target / 1 ms" in render_markdown(summary)
+
+
 def test_where_no_vllm_setting_holds_the_default_is_the_reference() -> None:
     sc = load_scenario("home-mix")
     point = MatrixPoint(name="p", scenario="home-mix")
