@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from json.decoder import scanstring
+from json.decoder import scanstring  # type: ignore[attr-defined]  # the C string scanner
 from typing import Any
 
 from hearthgate.gateway.errors import BadRequest
@@ -178,11 +178,18 @@ def _with_raw(fields: dict[str, Any], key: str, raw: str | None) -> str:
 # ------------------------------------------------------------------ reading an answer
 
 _DECODE = json.JSONDecoder()
-_WS = re.compile(r"[ \t\n\r]*")
 # What a flat array of JSON numbers holds besides its brackets: a vector found by its closing
 # bracket and checked with this one class, not parsed number by number (a full grammar check
 # cost as much as parsing). vLLM writes plain floats; anything else goes through the parser.
 _NOT_NUMBERS = re.compile(r"[^-+.0-9eE, \t\n\r]")
+
+
+def _skip(text: str, at: int) -> int:
+    """The first index at or after ``at`` that is not JSON whitespace."""
+    while at < len(text) and text[at] in " \t\n\r":
+        at += 1
+    return at
+
 
 Entry = tuple[dict[str, Any], str | None]
 """A ``data`` entry: its fields but ``embedding``, and the embedding's JSON text."""
@@ -202,8 +209,8 @@ def _scan_answer(text: str) -> tuple[dict[str, Any], list[Entry]]:
         return _DECODE.raw_decode(text, at)
 
     try:
-        top, end = _scan_object(text, _WS.match(text).end(), value)
-        if text[_WS.match(text, end).end() :]:
+        top, end = _scan_object(text, _skip(text, 0), value)
+        if text[_skip(text, end) :]:
             raise ValueError("extra data after the answer")
     except (IndexError, StopIteration) as exc:
         raise ValueError("the answer is not complete JSON") from exc
@@ -215,18 +222,18 @@ def _scan_answer(text: str) -> tuple[dict[str, Any], list[Entry]]:
 
 def _scan_array(text: str, at: int) -> tuple[list[Entry], int]:
     entries: list[Entry] = []
-    at = _WS.match(text, at + 1).end()
+    at = _skip(text, at + 1)
     if text[at] == "]":
         return entries, at + 1
     while True:
         entry, at = _scan_entry(text, at)
         entries.append(entry)
-        at = _WS.match(text, at).end()
+        at = _skip(text, at)
         if text[at] == "]":
             return entries, at + 1
         if text[at] != ",":
             raise ValueError(f"expected ',' or ']' at {at}")
-        at = _WS.match(text, at + 1).end()
+        at = _skip(text, at + 1)
 
 
 def _scan_entry(text: str, at: int) -> tuple[Entry, int]:
@@ -255,20 +262,20 @@ def _scan_object(
     if text[at] != "{":
         raise ValueError(f"expected an object at {at}")
     out: dict[str, Any] = {}
-    at = _WS.match(text, at + 1).end()
+    at = _skip(text, at + 1)
     if text[at] == "}":
         return out, at + 1
     while True:
         if text[at] != '"':
             raise ValueError(f"expected a key at {at}")
         key, at = scanstring(text, at + 1)
-        at = _WS.match(text, at).end()
+        at = _skip(text, at)
         if text[at] != ":":
             raise ValueError(f"expected ':' at {at}")
-        out[key], at = value(key, _WS.match(text, at + 1).end())
-        at = _WS.match(text, at).end()
+        out[key], at = value(key, _skip(text, at + 1))
+        at = _skip(text, at)
         if text[at] == "}":
             return out, at + 1
         if text[at] != ",":
             raise ValueError(f"expected ',' or '}}' at {at}")
-        at = _WS.match(text, at + 1).end()
+        at = _skip(text, at + 1)

@@ -16,6 +16,7 @@ import asyncio
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -70,6 +71,20 @@ def _spawn(
         env=env,
         preexec_fn=lambda: os.sched_setaffinity(0, {core}),
     )
+
+
+async def _wait_worker_up(
+    session: aiohttp.ClientSession, gateway: str, worker: str, timeout: float = 60
+) -> None:
+    """Until the gateway's health checks report ``worker`` up."""
+    line = f'hearthgate_worker_up{{worker="{worker}"}} 1.0'
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        async with session.get(gateway + "/metrics") as r:
+            if line in await r.text():
+                return
+        await asyncio.sleep(0.5)
+    raise SystemExit(f"the gateway never saw worker {worker} up")
 
 
 async def _wait(session: aiohttp.ClientSession, url: str, timeout: float = 60) -> None:
@@ -213,21 +228,23 @@ async def measure_embeddings(
     timeout = aiohttp.ClientTimeout(total=300)
     d: list[float] = []
     g: list[float] = []
-    errors, cpu_s = 0, 0.0
+    d_errors = g_errors = 0
+    cpu_s = 0.0
     async with aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0), timeout=timeout
     ) as session:
         await _embed_block(session, direct, model, concurrency, n, [])
         await _embed_block(session, gateway, model, concurrency, n, [])
         for _ in range(rounds):
-            errors += await _embed_block(session, direct, model, concurrency, n, d)
+            d_errors += await _embed_block(session, direct, model, concurrency, n, d)
             cpu0 = _cpu_seconds(gateway_pid)
-            errors += await _embed_block(session, gateway, model, concurrency, n, g)
+            g_errors += await _embed_block(session, gateway, model, concurrency, n, g)
             cpu_s += _cpu_seconds(gateway_pid) - cpu0
     return {
         "concurrency": concurrency,
-        "requests_per_side": len(d),
-        "errors": errors,
+        "requests_per_side": n * rounds,
+        "direct_errors": d_errors,
+        "gateway_errors": g_errors,
         "direct_p50_ms": _pct(d, 50) * 1e3,
         "direct_p99_ms": _pct(d, 99) * 1e3,
         "gateway_p50_ms": _pct(g, 50) * 1e3,
@@ -238,14 +255,16 @@ async def measure_embeddings(
 
 def _embed_table(rows: list[dict[str, Any]]) -> str:
     head = (
-        "| embeddings (384 floats each) | requests/side | direct p50 / p99 (ms) |"
-        " via gateway p50 / p99 (ms) | gateway CPU per request (µs) |\n"
-        "|---|---|---|---|---|\n"
+        "| embeddings upstream (384 floats each) | in flight | requests/side |"
+        " direct p50 / p99 (ms) | via gateway p50 / p99 (ms) | failed direct / via gateway |"
+        " gateway CPU per request (µs) |\n"
+        "|---|---|---|---|---|---|---|\n"
     )
     lines = [
-        f"| {r['concurrency']} at a time | {r['requests_per_side']} | "
+        f"| {r['upstream']} | {r['concurrency']} | {r['requests_per_side']} | "
         f"{r['direct_p50_ms']:.2f} / {r['direct_p99_ms']:.2f} | "
         f"{r['gateway_p50_ms']:.2f} / {r['gateway_p99_ms']:.2f} | "
+        f"{r['direct_errors']} / {r['gateway_errors']} | "
         f"{r['gateway_cpu_us_per_request']:.0f} |"
         for r in rows
     ]
@@ -280,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         help="run the gateway from this checkout of the repository (a before/after comparison)",
     )
     args = parser.parse_args(argv)
+    # Stopped with SIGTERM: still stop the upstream, the gateway and the workers (finally).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     RUN.mkdir(parents=True, exist_ok=True)
     procs: list[subprocess.Popen[bytes]] = []
     workers: list[Any] = []
@@ -303,9 +324,10 @@ def main(argv: list[str] | None = None) -> int:
                 RUN / "instant.log",
             )
         )
-        vllm_url = None
+        vllm_url = embed_url = None
+        embed: Any = None
         if not args.no_vllm:
-            from hearthgate.deploy.vllm_worker import VllmWorker, start_all
+            from hearthgate.deploy.vllm_worker import VllmWorker, start_all, stop_all
 
             port = _free_port()
             w = VllmWorker("gen", port, OTHER_CORE, RUN / "vllm-gen.log")
@@ -313,6 +335,13 @@ def main(argv: list[str] | None = None) -> int:
             start_all([w], timeout=300)
             vllm_url = w.url
             cfg_workers.append({"name": "vllm", "url": vllm_url, "models": ["tiny-llama"]})
+            # Started after the streams are measured (and the generation worker stopped), so
+            # each measurement has core 1 as the streams' always had it.
+            embed = VllmWorker("embed", _free_port(), OTHER_CORE, RUN / "vllm-embed.log")
+            embed_url = embed.url
+            cfg_workers.append(
+                {"name": "emb", "url": embed_url, "models": ["minilm"], "role": "embeddings"}
+            )
         cfg = RUN / "gateway.yaml"
         cfg.write_text(
             yaml.safe_dump(
@@ -349,18 +378,22 @@ def main(argv: list[str] | None = None) -> int:
                     r["upstream"] = name
                     rows.append(r)
                     print(json.dumps(r), flush=True)
-            for conc in (1, 32):
-                e = await measure_embeddings(
-                    f"http://127.0.0.1:{up_port}",
-                    gateway,
-                    gw.pid,
-                    "instant",
-                    conc,
-                    500,
-                    args.rounds,
-                )
-                embed_rows.append(e)
-                print(json.dumps(e), flush=True)
+            embed_plan = [("instant", f"http://127.0.0.1:{up_port}", "instant")]
+            if embed is not None:
+                stop_all([w])
+                start_all([embed], timeout=300)
+                workers.append(embed)
+                async with aiohttp.ClientSession() as s:
+                    await _wait_worker_up(s, gateway, "emb")
+                embed_plan.append(("minilm-cpu", embed.url, "minilm"))
+            for name, direct, model in embed_plan:
+                for conc in (1, 32):
+                    e = await measure_embeddings(
+                        direct, gateway, gw.pid, model, conc, 500, args.rounds
+                    )
+                    e["upstream"] = name
+                    embed_rows.append(e)
+                    print(json.dumps(e), flush=True)
             return rows
 
         embed_rows: list[dict[str, Any]] = []
@@ -378,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         + (f" (gateway from {args.gateway_src})" if args.gateway_src else ""),
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "placement": "gateway on core 0; client, instant upstream and vLLM worker on core 1",
+        "placement": "gateway on core 0; client, instant upstream and vLLM workers on core 1",
         "rounds": args.rounds,
         "rows": rows,
         "embeddings": embed_rows,
