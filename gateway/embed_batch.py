@@ -228,12 +228,9 @@ def _scan_array(text: str, at: int) -> tuple[list[Entry], int]:
     while True:
         entry, at = _scan_entry(text, at)
         entries.append(entry)
-        at = _skip(text, at)
-        if text[at] == "]":
-            return entries, at + 1
-        if text[at] != ",":
-            raise ValueError(f"expected ',' or ']' at {at}")
-        at = _skip(text, at + 1)
+        done, at = _next_item(text, at, "]")
+        if done:
+            return entries, at
 
 
 def _scan_entry(text: str, at: int) -> tuple[Entry, int]:
@@ -273,9 +270,17 @@ def _scan_object(
         if text[at] != ":":
             raise ValueError(f"expected ':' at {at}")
         out[key], at = value(key, _skip(text, at + 1))
-        at = _skip(text, at)
-        if text[at] == "}":
-            return out, at + 1
-        if text[at] != ",":
-            raise ValueError(f"expected ',' or '}}' at {at}")
-        at = _skip(text, at + 1)
+        done, at = _next_item(text, at, "}")
+        if done:
+            return out, at
+
+
+def _next_item(text: str, at: int, close: str) -> tuple[bool, int]:
+    """After an array's or object's item: (True, the index after ``close``) at its end, else
+    (False, the index of the next item)."""
+    at = _skip(text, at)
+    if text[at] == close:
+        return True, at + 1
+    if text[at] != ",":
+        raise ValueError(f"expected ',' or '{close}' at {at}")
+    return False, _skip(text, at + 1)
