@@ -101,8 +101,14 @@ def successes(worker: VllmWorker) -> float:
     )
 
 
+def gateway_status(rig: Rig) -> dict[str, Any]:
+    # A generous timeout: in CI three vLLM processes share two cores with the gateway, and
+    # one clean-clone run saw a /status answer take more than httpx's default 5 s there.
+    return httpx.get(rig.url + "/status", timeout=30).json()
+
+
 def status(rig: Rig) -> dict[str, dict[str, Any]]:
-    return {w["name"]: w for w in httpx.get(rig.url + "/status", timeout=10).json()["workers"]}
+    return {w["name"]: w for w in gateway_status(rig)["workers"]}
 
 
 def wait_for(what: str, cond: Any, timeout: float = 30.0) -> None:
@@ -181,14 +187,10 @@ def test_requests_queued_for_a_stopped_worker_go_to_the_other(rig: Rig) -> None:
     # that path must show no error either.
     wait_for(
         "4 queued requests",
-        lambda: (
-            httpx.get(rig.url + "/status").json()["queued"] >= 4
-            or len(results) == 4
-            or not streamer.is_alive()
-        ),
+        lambda: gateway_status(rig)["queued"] >= 4 or len(results) == 4 or not streamer.is_alive(),
         60,
     )
-    queued_behind = httpx.get(rig.url + "/status").json()["queued"] >= 4
+    queued_behind = gateway_status(rig)["queued"] >= 4
     rig.long.stop()
     for t in queued:
         t.join(180)
@@ -247,4 +249,4 @@ def test_embeddings_worker_down_gives_503_while_chat_keeps_working(rig: Rig) -> 
     r = post(rig.url, completion(LONG))
     assert r.status_code == 200 and r.headers["x-hearthgate-worker"] == "long"
     wait_for("emb marked down", lambda: status(rig)["emb"]["up"] is False, 10)
-    assert httpx.get(rig.url + "/readyz").status_code == 200
+    assert httpx.get(rig.url + "/readyz", timeout=30).status_code == 200
