@@ -60,7 +60,11 @@ def test_short_chaos_soak_ends_clean() -> None:
         kills=1,
         # Late enough for every disconnect phase to happen before the outage.
         kill_at_s=(25.0,),
-        shape=LoadShape(disconnect_fraction=0.35, rag_burst_every_s=8.0),
+        # The two requests of each RAG burst planned to leave while queued leave 50-120 ms
+        # after sending, before the two ahead of them (prefill from ~50 ms, then 48 tokens)
+        # can free the RAG cap: with the full soak's 0.5 s, a fast hour of this box admitted
+        # all of them first and the run saw no queued disconnect at all (CI, 2026-12-04).
+        shape=LoadShape(disconnect_fraction=0.35, rag_burst_every_s=8.0, queued_within_s=0.12),
         post_restart_s=10.0,
         settle_timeout_s=30.0,
         run_dir=run_dir,
