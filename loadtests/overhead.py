@@ -28,6 +28,8 @@ from typing import Any
 import aiohttp
 import yaml
 
+from hearthgate.loadtests.markdown import _table as markdown_table
+
 REPO = Path(__file__).resolve().parents[1]
 RUN = REPO / ".run" / "overhead"
 GATEWAY_CORE, OTHER_CORE = 0, 1
@@ -254,38 +256,53 @@ async def measure_embeddings(
 
 
 def _embed_table(rows: list[dict[str, Any]]) -> str:
-    head = (
-        "| embeddings upstream (384 floats each) | in flight | requests/side |"
-        " direct p50 / p99 (ms) | via gateway p50 / p99 (ms) | failed direct / via gateway |"
-        " gateway CPU per request (µs) |\n"
-        "|---|---|---|---|---|---|---|\n"
-    )
-    lines = [
-        f"| {r['upstream']} | {r['concurrency']} | {r['requests_per_side']} | "
-        f"{r['direct_p50_ms']:.2f} / {r['direct_p99_ms']:.2f} | "
-        f"{r['gateway_p50_ms']:.2f} / {r['gateway_p99_ms']:.2f} | "
-        f"{r['direct_errors']} / {r['gateway_errors']} | "
-        f"{r['gateway_cpu_us_per_request']:.0f} |"
+    head = [
+        "embeddings upstream (384 floats each)",
+        "in flight",
+        "requests/side",
+        "direct p50 / p99 (ms)",
+        "via gateway p50 / p99 (ms)",
+        "failed direct / via gateway",
+        "gateway CPU per request (µs)",
+    ]
+    body = [
+        [
+            str(r["upstream"]),
+            str(r["concurrency"]),
+            str(r["requests_per_side"]),
+            f"{r['direct_p50_ms']:.2f} / {r['direct_p99_ms']:.2f}",
+            f"{r['gateway_p50_ms']:.2f} / {r['gateway_p99_ms']:.2f}",
+            f"{r['direct_errors']} / {r['gateway_errors']}",
+            f"{r['gateway_cpu_us_per_request']:.0f}",
+        ]
         for r in rows
     ]
-    return head + "\n".join(lines) + "\n"
+    return "\n".join(markdown_table(head, body))
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    head = (
-        "| upstream | streams | requests/side | direct TTFT p50 / p99 (ms) | via gateway p50 / p99"
-        " (ms) | added p50 / p99 (ms) | gateway CPU per token (µs) |\n"
-        "|---|---|---|---|---|---|---|\n"
-    )
-    lines = [
-        f"| {r['upstream']} | {r['concurrency']} | {r['requests_per_side']} | "
-        f"{r['direct_ttft_p50_ms']:.2f} / {r['direct_ttft_p99_ms']:.2f} | "
-        f"{r['gateway_ttft_p50_ms']:.2f} / {r['gateway_ttft_p99_ms']:.2f} | "
-        f"{r['added_ttft_p50_ms']:+.2f} / {r['added_ttft_p99_ms']:+.2f} | "
-        f"{r['gateway_cpu_us_per_token']:.0f} |"
+    head = [
+        "upstream",
+        "streams",
+        "requests/side",
+        "direct TTFT p50 / p99 (ms)",
+        "via gateway p50 / p99 (ms)",
+        "added p50 / p99 (ms)",
+        "gateway CPU per token (µs)",
+    ]
+    body = [
+        [
+            str(r["upstream"]),
+            str(r["concurrency"]),
+            str(r["requests_per_side"]),
+            f"{r['direct_ttft_p50_ms']:.2f} / {r['direct_ttft_p99_ms']:.2f}",
+            f"{r['gateway_ttft_p50_ms']:.2f} / {r['gateway_ttft_p99_ms']:.2f}",
+            f"{r['added_ttft_p50_ms']:+.2f} / {r['added_ttft_p99_ms']:+.2f}",
+            f"{r['gateway_cpu_us_per_token']:.0f}",
+        ]
         for r in rows
     ]
-    return head + "\n".join(lines) + "\n"
+    return "\n".join(markdown_table(head, body))
 
 
 def main(argv: list[str] | None = None) -> int:
