@@ -78,6 +78,9 @@ class AdmissionController:
         self._bytes: dict[str, int] = {}  # request id -> body bytes while queued
         self._labels: dict[str, str] = {}  # request id -> the client's X-Request-Id
         self.queued_bytes = 0
+        # Admitted requests whose first token (whole answer, when not streamed) has not
+        # come, by class: the part of a class's line that waits in the workers (shedding).
+        self._unanswered: dict[str, int] = {}
         self._retry_after_s = retry_after_s
         self._closing: GatewayError | None = None
 
@@ -133,6 +136,7 @@ class AdmissionController:
             now,
             self.drain.measured_rate(req.cls, now),
             self.prefill_rates.fastest_seconds(req.prompt_tokens),
+            self._unanswered.get(req.cls, 0),
         )
         if rejection is not None:
             self._reject(req, rejection.reason)
@@ -175,6 +179,7 @@ class AdmissionController:
         if self._on_admit is not None:
             self._on_admit(req, admitted_at - req.arrival)
         interactive = self.scheduler.is_interactive(req.cls)
+        self._unanswered[req.cls] = self._unanswered.get(req.cls, 0) + 1
         return Ticket(
             req,
             worker,
@@ -189,8 +194,8 @@ class AdmissionController:
     def _shed(self, rejection: Rejection, now: float) -> RateLimited:
         if rejection.retry_after_s is not None:
             return RateLimited(
-                f"the {rejection.cls} queue would keep this request past its first-token "
-                f"target ({rejection.queued} requests waiting); retry in "
+                f"the {rejection.cls} line would keep this request past its first-token "
+                f"target ({rejection.ahead} requests ahead of it); retry in "
                 f"{math.ceil(rejection.retry_after_s)} s",
                 retry_after_s=min(300, math.ceil(rejection.retry_after_s)),
                 code=rejection.reason,
@@ -351,6 +356,19 @@ class AdmissionController:
         self._reject(req, reason)
         if fut is not None and not fut.done():
             fut.set_exception(exc)
+
+    def answered(self, cls: str) -> None:
+        """An admitted request of ``cls`` saw its first token, or ended without one (once
+        per ticket)."""
+        left = self._unanswered[cls] - 1
+        if left:
+            self._unanswered[cls] = left
+        else:
+            del self._unanswered[cls]
+
+    def unanswered(self, cls: str) -> int:
+        """Admitted requests of ``cls`` still waiting for their first token."""
+        return self._unanswered.get(cls, 0)
 
     def release_prefill_later(self, ticket: Ticket, fraction: float = 1.0) -> None:
         when = ticket.admitted_at + fraction * self.prefill_rates.seconds(

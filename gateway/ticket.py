@@ -25,6 +25,7 @@ class Ticket:
     _finished: bool = field(default=False)
     _first_token_seen: bool = field(default=False)
     _prefill_released: bool = field(default=False)
+    _counted_answered: bool = field(default=False)  # left the class's unanswered count
     _last_token: tuple[float, int] | None = field(default=None)  # (time, tokens so far)
     queued_behind: int = 0  # requests queued ahead of it when it arrived (Scheduler.ahead)
     interactive: bool = False
@@ -40,6 +41,7 @@ class Ticket:
         now = self._now()
         if observed and not self._first_token_seen:
             self._first_token_seen = True
+            self._answered()
             waited = now - self.admitted_at
             c.prefill_rates.observe(self.worker, self.request.prompt_tokens, waited)
             if self.ttft_s is not None:
@@ -75,6 +77,7 @@ class Ticket:
         now = self._now()
         last = self._last_token
         if output_tokens_so_far > 0:
+            self._answered()
             self._prefill_over(now)
         if last is not None and output_tokens_so_far > last[1]:
             c.paced.observe_gap(
@@ -90,10 +93,18 @@ class Ticket:
         self._finished = True
         c = self._controller
         now = self._now()
+        self._answered()
         self._prefill_over(now)
         c.scheduler.on_finish(self.request.id, prompt_tokens, output_tokens, now)
         c.drain.record(self.request.cls, now)
         c.pump()
+
+    def _answered(self) -> None:
+        """Its first token came, or it ended: no longer ahead of its class's next
+        request (late shedding counts those still waiting in a worker)."""
+        if not self._counted_answered:
+            self._counted_answered = True
+            self._controller.answered(self.request.cls)
 
     def _prefill_over(self, now: float) -> None:
         """The worker is done with this prompt's prefill (its first token streamed, the

@@ -57,6 +57,15 @@ def _amount(value: object) -> float | None:
     return number + 0.0 if math.isfinite(number) and number >= 0 else None
 
 
+def _one_less(counts: dict[str, int], key: str) -> None:
+    """Count one fewer under ``key``; a key that reaches zero is dropped."""
+    left = counts[key] - 1
+    if left:
+        counts[key] = left
+    else:
+        del counts[key]
+
+
 @dataclass(slots=True)
 class _Running:
     request: QueuedRequest
@@ -209,13 +218,22 @@ class Scheduler:
     # ----------------------------------------------------------------- queue events
 
     def enqueue(
-        self, req: QueuedRequest, now: float, drain_rate: float = 0.0, service_s: float = 0.0
+        self,
+        req: QueuedRequest,
+        now: float,
+        drain_rate: float = 0.0,
+        service_s: float = 0.0,
+        unanswered: int = 0,
     ) -> Rejection | None:
         """Queue ``req``, or return why it is shed: the class queue is at its count/token
         cap, or (``shed_late`` classes) the requests ahead of it, at ``drain_rate``
         requests of its class finished a second, plus ``service_s`` for its own prefill,
         would keep it past its first-token target (``policies.shedding.check_late``; rate
-        0: unknown, never shed for that).
+        0: unknown, never shed for that). Ahead of it are the class's queued requests that
+        would go first and ``unanswered``, the class's requests already sent to workers
+        whose first token (a whole answer, when not streamed) has not come: a class no
+        budget holds back, such as embeddings, has its whole line waiting in the worker,
+        not in this queue.
 
         Raises ValueError for an unknown class or an id the scheduler already holds.
         """
@@ -225,7 +243,12 @@ class Scheduler:
         if req.id in self._queued or req.id in self._running:
             raise ValueError(f"request {req.id} is already queued or in flight")
         rejection = check_enqueue(q.policy, len(q), q.tokens, req) or check_late(
-            q.policy, q.ahead_of_new(req.tenant), drain_rate, len(q), q.tokens, service_s
+            q.policy,
+            q.ahead_of_new(req.tenant) + unanswered,
+            drain_rate,
+            len(q),
+            q.tokens,
+            service_s,
         )
         if rejection is not None:
             return rejection
@@ -402,20 +425,12 @@ class Scheduler:
         if run is None:
             return False
         req = run.request
-        left = self._running_by_class[req.cls] - 1
-        if left:
-            self._running_by_class[req.cls] = left
-        else:
-            del self._running_by_class[req.cls]
+        _one_less(self._running_by_class, req.cls)
         if run.in_prefill:
             self._end_prefill(run)
         self._loads[run.worker].remove(req.cls, run.interactive, req.sequences, req.tenant)
         if req.tenant in self._tenant_running:
-            left = self._tenant_running[req.tenant] - 1
-            if left:
-                self._tenant_running[req.tenant] = left
-            else:
-                del self._tenant_running[req.tenant]
+            _one_less(self._tenant_running, req.tenant)
         prompt_fix = 0 if prompt_tokens is None else prompt_tokens - req.prompt_tokens
         output_fix = 0 if output_tokens is None else output_tokens - run.output_charged
         if prompt_fix or output_fix:

@@ -50,7 +50,7 @@ def check_late(
     if ttft <= target:
         return None
     return Rejection(
-        "target_unreachable", policy.name, queued, queued_tokens, max(1.0, ttft - target)
+        "target_unreachable", policy.name, queued, queued_tokens, max(1.0, ttft - target), ahead
     )
 
 

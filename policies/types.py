@@ -260,13 +260,15 @@ class WorkerSnapshot:
 class Rejection:
     """``enqueue`` refused the request; ``queued`` / ``queued_tokens`` describe the class
     queue at that moment (for a ``Retry-After`` estimate); ``retry_after_s``, when set, is
-    the wait the shedding rule itself justifies."""
+    the wait the shedding rule itself justifies, and ``ahead`` the requests it counted
+    before this one (queued or still waiting in a worker)."""
 
     reason: RejectReason
     cls: str
     queued: int
     queued_tokens: int
     retry_after_s: float | None = None
+    ahead: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

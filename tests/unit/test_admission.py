@@ -235,6 +235,7 @@ async def test_late_shedding_is_a_429_with_the_wait_the_drain_rate_justifies() -
     for i in range(30):  # ...finishing 30: 1 request a second
         ctl.drain.record("rag", clock() - i * 0.5)
     running = await ctl.admit(QueuedRequest("r0", "rag", "app", clock(), 2, 10, 5))
+    running.first_token()  # decoding: no longer ahead of anyone's first token
     waiters = [
         asyncio.create_task(ctl.admit(QueuedRequest(f"r{i}", "rag", "app", clock(), 2, 10, 5)))
         for i in range(1, 4)
@@ -246,11 +247,49 @@ async def test_late_shedding_is_a_429_with_the_wait_the_drain_rate_justifies() -
     # 3 ahead at 1/s + 10 tokens at the initial 4000 tok/s prefill: just past 3 s; the
     # suggested wait is never under a second
     assert err.value.retry_after_s == 1
-    assert "past its first-token target" in str(err.value)
+    assert "past its first-token target (3 requests ahead of it)" in str(err.value)
     assert ctl.waiting == 3
     running.finish(10, 5)
     for w in waiters:
         w.cancel()
+
+
+async def test_late_shedding_counts_the_line_waiting_in_the_worker() -> None:
+    """Embeddings have no budget on their worker: every request is sent at once and the
+    line waits inside vLLM, not in the gateway's queue. Requests sent and not yet answered
+    count as ahead of a new one, so a flood is refused once that line is longer than the
+    class's target at the rate answers come back; answers shorten it again."""
+    clock = Clock()
+    sched = Scheduler([ClassPolicy("embed", 3, ttft_s=2.0, shed_late=True)])
+    snaps = [WorkerSnapshot("e0")]
+    ctl = AdmissionController(sched, lambda: snaps, clock=clock)
+    ctl.drain.busy("embed", clock() - 10, True)
+    for i in range(50):  # 50 answers in the last 10 busy seconds: 5 a second
+        ctl.drain.record("embed", clock() - i * 0.2)
+    sent = [
+        await ctl.admit(QueuedRequest(f"e{i}", "embed", "notes", clock(), 3, 20, 0))
+        for i in range(10)
+    ]
+    for t in sent:
+        t.expect_no_stream()  # as embeddings do: the prefill budget goes at its estimate
+    clock.t += 0.05
+    ctl.tick()  # ...which has passed: still, no answer has come
+    assert ctl.waiting == 0  # nothing queued in the gateway: all ten are at the worker
+    assert ctl.unanswered("embed") == 10
+    # 10 ahead at 5/s is exactly the 2 s target, plus the new one's own (tiny) prefill
+    with pytest.raises(RateLimited) as err:
+        await ctl.admit(QueuedRequest("e10", "embed", "notes", clock(), 3, 20, 0))
+    assert err.value.code == "target_unreachable"
+    assert "(10 requests ahead of it)" in str(err.value)
+    assert err.value.retry_after_s == 1
+    sent[0].finish(20, 0)  # one answered: 9 ahead, 1.8 s
+    sent[0].finish(20, 0)  # (a second finish changes nothing)
+    sent[1].first_token()  # a streamed first token leaves the line too: 8 ahead
+    assert ctl.unanswered("embed") == 8
+    more = await ctl.admit(QueuedRequest("e11", "embed", "notes", clock(), 3, 20, 0))
+    for t in [*sent[1:], more]:
+        t.finish(20, 0)
+    assert ctl.unanswered("embed") == 0
 
 
 async def test_a_flooding_app_is_paced_while_a_light_app_of_its_class_passes() -> None:

@@ -12,6 +12,7 @@ from hearthgate.policies import Rejection, Scheduler, TenantPolicy
 from tests.unit.test_policies_support import (
     CHAT,
     CLASSES,
+    EMBED,
     RAG,
     Op,
     budgets,
@@ -173,10 +174,23 @@ def test_a_request_that_would_wait_past_its_target_is_shed_with_a_justified_wait
     fill(sched, 6)  # at 2 requests/s, 6 ahead is a 3 s wait: still within the target
     assert sched.enqueue(req("a6", "rag", "a"), 0.0, drain_rate=2.0) is None
     got = sched.enqueue(req("a7", "rag", "a"), 0.0, drain_rate=2.0)  # 7 ahead: 3.5 s
-    assert got == Rejection("target_unreachable", "rag", 7, 70, 1.0)
+    assert got == Rejection("target_unreachable", "rag", 7, 70, 1.0, ahead=7)
     got = sched.enqueue(req("a8", "rag", "a"), 0.0, drain_rate=0.5)  # 14 s: retry in 11 s
     assert got is not None and got.retry_after_s == pytest.approx(11.0)
     assert sched.queued_count == 7  # the shed requests left no trace
+
+
+def test_requests_waiting_in_a_worker_count_as_ahead() -> None:
+    """A class no budget holds back (embeddings) is sent to the worker at once: its line is
+    the ``unanswered`` requests in flight there, not the gateway's (empty) queue."""
+    sched = Scheduler([with_(EMBED, ttft_s=2.0, shed_late=True)])
+    # 4 in the worker at 2/s: a 2 s wait, within target; 5 make it 2.5 s
+    assert sched.enqueue(req("e4", "embed"), 0.0, drain_rate=2.0, unanswered=4) is None
+    got = sched.enqueue(req("e5", "embed"), 0.0, drain_rate=2.0, unanswered=4)
+    assert got == Rejection("target_unreachable", "embed", 1, 10, 1.0, ahead=5)
+    sched.cancel("e4", 0.0)
+    got = sched.enqueue(req("e6", "embed"), 0.0, drain_rate=2.0, unanswered=5)
+    assert got is not None and got.ahead == 5 and got.queued == 0
 
 
 def test_no_shedding_without_a_drain_rate_or_with_nothing_ahead() -> None:
