@@ -253,7 +253,9 @@ def _default_classes() -> dict[str, RequestClass]:
             priority=1, interactive=True, ttft_ms=800, itl_ms=80, first_byte_timeout_ms=60_000
         ),
         "rag": RequestClass(priority=2, ttft_ms=3000, itl_ms=150),
-        "embed": RequestClass(priority=3),
+        # An indexing backlog told to come back (429, Retry-After) beats every text
+        # answered late: loadtests/results/embed-shed.md.
+        "embed": RequestClass(priority=3, ttft_ms=2000, shed_late=True),
         "batch": RequestClass(priority=4, min_share=0.05),
     }
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -56,9 +57,9 @@ def embed_worker_url(workers: Workers) -> str:
     return workers.embed.url
 
 
-@pytest.fixture(scope="session")
-def gateway_url(workers: Workers) -> Iterator[str]:
-    settings = {
+def e2e_settings(workers: Workers) -> dict[str, Any]:
+    """The shared gateway's settings: both workers, the built-in classes and rules."""
+    return {
         "workers": [
             {"name": "gen0", "url": workers.gen.url, "models": ["tiny-llama"]},
             {"name": "emb0", "url": workers.embed.url, "models": ["minilm"], "role": "embeddings"},
@@ -66,5 +67,9 @@ def gateway_url(workers: Workers) -> Iterator[str]:
         "limits": {"max_body_bytes": 200_000},
         "health": {"interval_s": 0.5, "retry_after_s": 2},
     }
-    with gateway(settings, name="e2e-gateway") as url:
+
+
+@pytest.fixture(scope="session")
+def gateway_url(workers: Workers) -> Iterator[str]:
+    with gateway(e2e_settings(workers), name="e2e-gateway") as url:
         yield url

@@ -11,14 +11,31 @@ import math
 import random
 import re
 import struct
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.e2e.conftest import Workers, e2e_settings
+from tests.support import gateway
+
 pytestmark = pytest.mark.e2e
 
 MODEL = "minilm"
+
+
+@pytest.fixture(scope="module")
+def gateway_url(workers: Workers) -> Iterator[str]:
+    """The shared settings with an embed class that has no target: this module sends up to
+    500 texts at once, more than MiniLM answers within the built-in 2 s, and checks every
+    answer (late shedding in front of the same worker: test_shed_vllm.py)."""
+    settings = e2e_settings(workers)
+    settings["classes"] = {"chat": {"priority": 1, "interactive": True}, "embed": {"priority": 3}}
+    with gateway(settings, name="e2e-coalesce-gateway") as url:
+        yield url
+
+
 WORDS = [
     "pasta",
     "tomato",
