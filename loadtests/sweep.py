@@ -78,7 +78,8 @@ STAT_KEYS = (
 def point_stats(outs: list[bench.TargetOutcome], scenario: Scenario) -> dict[str, Any]:
     """One target at one workload over its runs: interactive attainment and background
     tokens (medians, each run's value too), goodput, per class and per flow the medians of
-    ``STAT_KEYS``, and through a gateway what its pacing and queues held (``merge_gauges``)."""
+    ``STAT_KEYS`` (a class's attainment pooled over its runs, each run's beside it), and
+    through a gateway what its pacing and queues held (``merge_gauges``)."""
     s = merge_runs([summarize(o.result, scenario) for o in outs])
     inter = s["interactive"]
     bg = inter["background_output_tokens_per_s"]
@@ -90,7 +91,13 @@ def point_stats(outs: list[bench.TargetOutcome], scenario: Scenario) -> dict[str
             "background_output_tokens_per_s_runs", [bg]
         ),
         "goodput_rps": inter["goodput_rps"],
-        "classes": {c: {k: cs[k] for k in STAT_KEYS} for c, cs in s["classes"].items()},
+        "classes": {
+            c: {
+                **{k: cs[k] for k in STAT_KEYS},
+                "attainment_runs": cs.get("attainment_runs", [cs["attainment"]]),
+            }
+            for c, cs in s["classes"].items()
+        },
         "flows": {f: {k: fs.get(k) for k in STAT_KEYS} for f, fs in s.get("flows", {}).items()},
     }
     if s.get("gateway_gauges"):

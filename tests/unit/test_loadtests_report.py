@@ -383,4 +383,8 @@ def test_point_stats_carry_the_gateways_steady_gauges() -> None:
     got = point_stats([outcome([2.0, 4.0]), outcome([8.0, 8.0]), outcome([1.0, 1.0])], sc)
     assert got["gateway_gauges"][cap]["mean"] == 3.0
     assert got["gateway_gauges"][cap]["mean_runs"] == [3.0, 8.0, 1.0]
-    assert "gateway_gauges" not in point_stats([outcome([], with_gateway=False)], sc)
+    one = point_stats([outcome([], with_gateway=False)], sc)
+    assert "gateway_gauges" not in one
+    # each class keeps every run's attainment beside the pooled one (none measured here)
+    assert {len(c["attainment_runs"]) for c in got["classes"].values()} == {3}
+    assert {len(c["attainment_runs"]) for c in one["classes"].values()} == {1}
