@@ -29,6 +29,7 @@ from hearthgate.gateway.errors import (
 from hearthgate.gateway.ticket import Ticket
 from hearthgate.gateway.worker_pacing import WorkerPacing
 from hearthgate.policies.budgets import upstream_priority
+from hearthgate.policies.counts import count_down
 from hearthgate.policies.estimators import DrainRate, PrefillRates
 from hearthgate.policies.pacing import PacingRule, PacingState
 from hearthgate.policies.prefill_pacing import background_behind
@@ -360,11 +361,7 @@ class AdmissionController:
     def answered(self, cls: str) -> None:
         """An admitted request of ``cls`` saw its first token, or ended without one (once
         per ticket)."""
-        left = self._unanswered[cls] - 1
-        if left:
-            self._unanswered[cls] = left
-        else:
-            del self._unanswered[cls]
+        count_down(self._unanswered, cls)
 
     def unanswered(self, cls: str) -> int:
         """Admitted requests of ``cls`` still waiting for their first token."""

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from hearthgate.policies.counts import count_down
 from hearthgate.policies.types import WorkerSnapshot
 
 
@@ -58,15 +59,6 @@ class WorkerUsage:
         return max(self.interactive_by_app.values(), default=0)
 
 
-def _take(counts: dict[str, int], key: str, n: int) -> None:
-    """Count ``n`` fewer under ``key``; a key that reaches zero is dropped."""
-    left = counts[key] - n
-    if left:
-        counts[key] = left
-    else:
-        del counts[key]
-
-
 class WorkerLoad:
     """Mutable in-flight bookkeeping of one worker (owned by the scheduler)."""
 
@@ -111,7 +103,7 @@ class WorkerLoad:
             self._prefill_interactive -= prompt_tokens
             self._prefill_interactive_requests -= 1
             if app is not None:
-                _take(self._prefill_by_app, app, 1)
+                count_down(self._prefill_by_app, app)
 
     def remove(
         self, cls: str, interactive: bool = False, sequences: int = 1, app: str | None = None
@@ -120,8 +112,8 @@ class WorkerLoad:
         if interactive:
             self._interactive -= sequences
             if app is not None:
-                _take(self._by_app, app, sequences)
-        _take(self._by_class, cls, sequences)
+                count_down(self._by_app, app, sequences)
+        count_down(self._by_class, cls, sequences)
 
     def usage(self) -> WorkerUsage:
         """A frozen view of the current bookkeeping."""

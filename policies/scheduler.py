@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from hearthgate.policies.bands import Backlog, precedence
 from hearthgate.policies.budgets import WorkerLoad, WorkerUsage, app_paced
 from hearthgate.policies.class_queue import ClassQueue
+from hearthgate.policies.counts import count_down
 from hearthgate.policies.fairness import FAIR_SHARES, FairShareFactory, FairShareParams
 from hearthgate.policies.ordering import ORDERINGS, OrderingPolicy
 from hearthgate.policies.placement import Blocked, place
@@ -55,15 +56,6 @@ def _amount(value: object) -> float | None:
     except OverflowError:  # an int too large for a float
         return None
     return number + 0.0 if math.isfinite(number) and number >= 0 else None
-
-
-def _one_less(counts: dict[str, int], key: str) -> None:
-    """Count one fewer under ``key``; a key that reaches zero is dropped."""
-    left = counts[key] - 1
-    if left:
-        counts[key] = left
-    else:
-        del counts[key]
 
 
 @dataclass(slots=True)
@@ -425,12 +417,12 @@ class Scheduler:
         if run is None:
             return False
         req = run.request
-        _one_less(self._running_by_class, req.cls)
+        count_down(self._running_by_class, req.cls)
         if run.in_prefill:
             self._end_prefill(run)
         self._loads[run.worker].remove(req.cls, run.interactive, req.sequences, req.tenant)
         if req.tenant in self._tenant_running:
-            _one_less(self._tenant_running, req.tenant)
+            count_down(self._tenant_running, req.tenant)
         prompt_fix = 0 if prompt_tokens is None else prompt_tokens - req.prompt_tokens
         output_fix = 0 if output_tokens is None else output_tokens - run.output_charged
         if prompt_fix or output_fix:
