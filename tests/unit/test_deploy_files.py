@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from hearthgate.gateway.cli import main as hearthgate
-from hearthgate.gateway.livecheck import check_context
+from hearthgate.gateway.livecheck_rules import check_context
 from hearthgate.gateway.settings import Settings, load_settings
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from hearthgate.gateway.livecheck import (
+from hearthgate.gateway.livecheck_rules import (
     Finding,
     ServedModel,
     WorkerFacts,
