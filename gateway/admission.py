@@ -71,6 +71,8 @@ class AdmissionController:
         self.early_release = early_release
         self._releases: list[tuple[float, int, Ticket]] = []  # heap of estimated prefill ends
         self._seq = itertools.count()
+        # A pump timed for when a worker's prefill debt is paid (at most one pending).
+        self._opens: asyncio.TimerHandle | None = None
         self.paced = WorkerPacing(pacing, app_pacing_floor, self.prefill_rates)
         # Per-app caps on queued requests, and a cap on the bytes queued bodies hold.
         self._app_caps = dict(app_queue_caps or {})
@@ -351,6 +353,29 @@ class AdmissionController:
                 fut.set_result(adm.worker)
             else:  # nobody waits for it any more
                 self.scheduler.on_finish(adm.request.id, 0, 0, self.clock())
+        if paced and self._waiters:
+            self._pump_when_prefill_opens(now)
+
+    def _pump_when_prefill_opens(self, now: float) -> None:
+        """Pump again when a worker's prefill debt will be paid, not at the next tick: a
+        background prompt waiting on the duty would otherwise wait up to a tick longer."""
+        wait = self.paced.prefill_opens_in(now)
+        if wait is None or not math.isfinite(wait):
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # driven by tick() alone (tests on a fake clock)
+        due = loop.time() + wait
+        if self._opens is not None:
+            if self._opens.when() <= due:
+                return
+            self._opens.cancel()
+        self._opens = loop.call_at(due, self._prefill_opened)
+
+    def _prefill_opened(self) -> None:
+        self._opens = None
+        self.pump()
 
     def _fail(self, req: QueuedRequest, exc: GatewayError, reason: str) -> None:
         fut = self._waiters.get(req.id)
@@ -429,6 +454,9 @@ class AdmissionController:
         self._task = asyncio.create_task(self._loop(), name="admission-ticker")
 
     async def stop(self) -> None:
+        if self._opens is not None:
+            self._opens.cancel()
+            self._opens = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -132,6 +132,13 @@ class WorkerPacing:
         if pacer is not None:
             pacer.charge_prefill(now, prompt_tokens, self._rates.rate(worker))
 
+    def prefill_opens_in(self, now: float) -> float | None:
+        """Seconds until the first worker whose prefill duty is closed (its debt unpaid)
+        opens again; None when none is closed."""
+        waits = [p.prefill_paid_in(now, self._rates.rate(n)) for n, p in self._pacers.items()]
+        closed = [w for w in waits if w > 0]
+        return min(closed) if closed else None
+
     # ------------------------------------------------------------------- control
 
     @property

@@ -305,6 +305,10 @@ class WorkerPacer:
         """Whether background prompts may start on the worker now (prefill duty)."""
         return self._prefill is None or self._prefill.open(now, rate)
 
+    def prefill_paid_in(self, now: float, rate: float) -> float:
+        """Seconds until background prompts may start on the worker (0: now)."""
+        return 0.0 if self._prefill is None else self._prefill.paid_in(now, rate)
+
     def charge_prefill(self, now: float, prompt_tokens: int, rate: float) -> None:
         """A background prompt was admitted to the worker."""
         if self._prefill is not None:

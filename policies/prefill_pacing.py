@@ -145,6 +145,12 @@ class PrefillPacer:
         self._pay(now, rate)
         return self._debt < 1.0  # under one token: paid (rounding aside)
 
+    def paid_in(self, now: float, rate: float) -> float:
+        """Seconds until the debt is paid and background prompts may start (0: now)."""
+        if self.open(now, rate):
+            return 0.0
+        return (self._debt - 1.0) / (self.duty * rate) if rate > 0 else math.inf
+
     def _pay(self, now: float, rate: float) -> None:
         if self.duty >= 1.0:
             self._debt = 0.0

@@ -558,3 +558,38 @@ async def test_background_waiting_past_half_its_target_loosens_the_prefill_duty(
     assert ctl.pacing_state()["w0"].prefill_duty == pytest.approx(duty)
     chat.finish(10, 19)
     (await asyncio.wait_for(rag, 1.0)).finish(10, 5)
+
+
+async def test_a_prompt_held_by_the_prefill_debt_goes_when_it_is_paid_not_at_a_tick() -> None:
+    """The controller pumps again when a worker's prefill debt will be paid: the waiting
+    RAG prompt is admitted with no tick (the ticker is not running here)."""
+    from hearthgate.policies.pacing import PacingRule
+
+    clock = Clock()
+    sched = Scheduler(
+        [ClassPolicy("chat", 1, interactive=True), ClassPolicy("rag", 2, interactive=False)]
+    )
+    snaps = [WorkerSnapshot("w0")]
+    rule = PacingRule(target_gap_s=0.015, interval_s=0.5, max_cap=8, prefill_gap_s=0.025)
+    ctl = AdmissionController(sched, lambda: snaps, clock=clock, pacing=rule)
+    ctl.prefill_rates.initial = 40_000.0  # 2000 tokens at 0.7 of it: paid in 71 ms
+    rag = await ctl.admit(QueuedRequest("b0", "rag", "notes", clock(), 2, 2000, 50))
+    rag.expect_stream()
+    chat = await ctl.admit(QueuedRequest("c0", "chat", "chatui", clock(), 1, 10, 50))
+    chat.expect_stream()
+    for n in range(1, 6):  # 200 ms gaps: the RAG prompt is in prefill
+        chat.progress(n)
+        clock.t += 0.2
+    ctl.tick()
+    assert ctl.pacing_state()["w0"].prefill_duty == pytest.approx(0.7)
+    owed = await ctl.admit(QueuedRequest("b1", "rag", "notes", clock(), 2, 2000, 50))
+    waiter = asyncio.create_task(
+        ctl.admit(QueuedRequest("b2", "rag", "notes", clock(), 2, 2000, 50))
+    )
+    await queued(ctl, waiter)
+    clock.t += 2000 / (0.7 * 40_000) * 1.01  # the debt is paid by now; no tick runs
+    second = await asyncio.wait_for(waiter, 2.0)
+    assert second.worker == "w0"
+    for t in (rag, owed, second, chat):
+        t.finish(2000, 50)
+    await ctl.stop()

@@ -66,6 +66,18 @@ def test_background_prompts_run_up_a_debt_paid_at_duty_times_the_prefill_rate() 
     assert p.open(3.5, rate=1000.0)  # 2100 tokens at 700 tok/s: 3 s after the charge
 
 
+def test_the_pacer_says_when_its_debt_will_be_paid() -> None:
+    p = PrefillPacer(target_gap_s=0.025, interval_s=0.5, now=0.0)
+    p.charge(0.0, 1000, rate=1000.0)
+    assert p.paid_in(0.0, rate=1000.0) == 0.0  # full duty: never closed
+    slow(p, 0.2)
+    p.update(0.5, rate=1000.0)  # duty 0.7
+    p.charge(0.5, 1401, rate=1000.0)
+    assert p.paid_in(0.5, rate=1000.0) == pytest.approx(2.0)  # 1400 tokens at 700 tok/s
+    assert p.paid_in(1.5, rate=1000.0) == pytest.approx(1.0)
+    assert p.paid_in(2.5, rate=1000.0) == 0.0
+
+
 def test_with_prefill_pacing_prefill_stalls_move_the_duty_not_the_decode_cap() -> None:
     rule = PacingRule(target_gap_s=0.015, interval_s=0.5, max_cap=16, prefill_gap_s=0.025)
     p = WorkerPacer(rule, 0.0)

@@ -77,6 +77,20 @@ def test_charges_close_the_duty_only_for_paced_workers() -> None:
     assert p.apply(snaps, t + 1.01 * seconds)[0].prefill_open
 
 
+def test_says_when_the_first_closed_worker_opens() -> None:
+    p = WorkerPacing(WITH_PREFILL, None, PrefillRates())
+    assert p.prefill_opens_in(100.0) is None  # no pacer
+    p.prefill_started("w0")
+    t = slow_gaps(p, 100.0)
+    p.update(t + 0.5, {})  # duty 0.7
+    t += 0.5
+    assert p.prefill_opens_in(t) is None  # nothing owed
+    p.charge("w0", t, 2001)
+    seconds = 2000 / (0.7 * PrefillRates().rate("w0"))
+    assert p.prefill_opens_in(t) == pytest.approx(seconds)
+    assert p.prefill_opens_in(t + 1.001 * seconds) is None
+
+
 def test_a_new_rule_restarts_the_pacers_and_stale_ends_are_harmless() -> None:
     """A reload that turns prefill pacing on restarts the pacers; a prompt counted before a
     reload that ends afterwards cannot drive a count below zero."""
