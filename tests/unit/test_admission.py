@@ -10,6 +10,7 @@ from hearthgate.gateway.admission import AdmissionController
 from hearthgate.gateway.errors import ClientGone, NoWorkerAvailable, RateLimited
 from hearthgate.gateway.ticket import Ticket
 from hearthgate.policies.estimators import DrainRate
+from hearthgate.policies.pacing import PacingRule
 from hearthgate.policies.scheduler import Scheduler
 from hearthgate.policies.types import ClassPolicy, QueuedRequest, WorkerBudget, WorkerSnapshot
 from tests.inprocess import until
@@ -23,11 +24,27 @@ class Clock:
         return self.t
 
 
-def make(max_in_flight: int = 1, **cls_kw: object) -> tuple[AdmissionController, Clock, Scheduler]:
+def make(max_in_flight: int = 1, **cls_kw: object) -> tuple[AdmissionController, Clock]:
     clock = Clock()
     sched = Scheduler([ClassPolicy("chat", 1, interactive=True, **cls_kw)])  # type: ignore[arg-type]
     snaps = [WorkerSnapshot("w0", limits=WorkerBudget(max_in_flight=max_in_flight))]
     return AdmissionController(sched, lambda: snaps, clock=clock), clock, sched
+
+
+def paced(
+    rule: PacingRule, app_pacing_floor: int | None = None
+) -> tuple[AdmissionController, Clock]:
+    """A controller paced by ``rule`` over one worker, w0, with an interactive chat class and
+    a background rag class."""
+    clock = Clock()
+    sched = Scheduler(
+        [ClassPolicy("chat", 1, interactive=True), ClassPolicy("rag", 2, interactive=False)]
+    )
+    snaps = [WorkerSnapshot("w0")]
+    ctl = AdmissionController(
+        sched, lambda: snaps, clock=clock, pacing=rule, app_pacing_floor=app_pacing_floor
+    )
+    return ctl, clock
 
 
 def rq(i: int, clock: Clock) -> QueuedRequest:
@@ -180,15 +197,7 @@ async def test_streaming_prefill_is_released_early_or_at_the_first_token() -> No
 async def test_streamed_gaps_pace_background_admissions() -> None:
     """Token gaps reported through tickets move the worker's background cap at the ticker,
     and the cap then holds background requests back while interactive ones still pass."""
-    from hearthgate.policies.pacing import PacingRule
-
-    clock = Clock()
-    sched = Scheduler(
-        [ClassPolicy("chat", 1, interactive=True), ClassPolicy("rag", 2, interactive=False)]
-    )
-    snaps = [WorkerSnapshot("w0")]
-    rule = PacingRule(target_gap_s=0.02, interval_s=0.5, decrease=0.5, max_cap=8)
-    ctl = AdmissionController(sched, lambda: snaps, clock=clock, pacing=rule)
+    ctl, clock = paced(PacingRule(target_gap_s=0.02, interval_s=0.5, decrease=0.5, max_cap=8))
     bg = [
         await ctl.admit(QueuedRequest(f"b{i}", "rag", "app", clock(), 2, 10, 50))
         for i in (0, 1, 2, 3)
@@ -297,8 +306,6 @@ async def test_a_flooding_app_is_paced_while_a_light_app_of_its_class_passes() -
     one app's interactive sequences: the flooding app's next request waits in the gateway,
     another app's request of the same class goes straight to the worker, and the flood's
     request goes once one of its own finishes."""
-    from hearthgate.policies.pacing import PacingRule
-
     clock = Clock()
     sched = Scheduler([ClassPolicy("chat", 1, interactive=True)])
     snaps = [WorkerSnapshot("w0")]
@@ -336,8 +343,6 @@ async def test_a_flooding_apps_next_prompt_waits_for_its_prefill_from_a_cold_sta
     """The flood limit holds before any token came back (no pacer yet): an app with
     ``flood_at`` sequences on the worker sends its next prompt once its last one leaves
     prefill (here at its first token); a light app's prompt goes at once."""
-    from hearthgate.policies.pacing import PacingRule
-
     clock = Clock()
     sched = Scheduler([ClassPolicy("chat", 1, interactive=True)])
     snaps = [WorkerSnapshot("w0")]
@@ -367,15 +372,9 @@ async def test_a_flooding_apps_next_prompt_waits_for_its_prefill_from_a_cold_sta
 async def test_background_gives_way_before_an_app_is_paced() -> None:
     """Slow gaps cut the background cap first; the per-app cap stays while background
     sequences above the floor still run."""
-    from hearthgate.policies.pacing import PacingRule
-
-    clock = Clock()
-    sched = Scheduler(
-        [ClassPolicy("chat", 1, interactive=True), ClassPolicy("rag", 2, interactive=False)]
+    ctl, clock = paced(
+        PacingRule(target_gap_s=0.02, interval_s=0.5, decrease=0.5, max_cap=8), app_pacing_floor=2
     )
-    snaps = [WorkerSnapshot("w0")]
-    rule = PacingRule(target_gap_s=0.02, interval_s=0.5, decrease=0.5, max_cap=8)
-    ctl = AdmissionController(sched, lambda: snaps, clock=clock, pacing=rule, app_pacing_floor=2)
     bg = [
         await ctl.admit(QueuedRequest(f"b{i}", "rag", "notes", clock(), 2, 10, 50))
         for i in range(4)
@@ -439,15 +438,9 @@ async def test_prefill_stalls_cut_the_prefill_duty_and_decode_gaps_the_cap() -> 
     """A chat stream's slow gaps while a RAG prompt is in prefill cut the worker's prefill
     duty, not its decode cap; a closed duty holds the next RAG prompt while chat passes;
     slow gaps after every prefill ended cut the decode cap."""
-    from hearthgate.policies.pacing import PacingRule
-
-    clock = Clock()
-    sched = Scheduler(
-        [ClassPolicy("chat", 1, interactive=True), ClassPolicy("rag", 2, interactive=False)]
+    ctl, clock = paced(
+        PacingRule(target_gap_s=0.015, interval_s=0.5, max_cap=8, prefill_gap_s=0.025)
     )
-    snaps = [WorkerSnapshot("w0")]
-    rule = PacingRule(target_gap_s=0.015, interval_s=0.5, max_cap=8, prefill_gap_s=0.025)
-    ctl = AdmissionController(sched, lambda: snaps, clock=clock, pacing=rule)
     rag = [
         await ctl.admit(QueuedRequest(f"b{i}", "rag", "notes", clock(), 2, 2000, 50))
         for i in range(3)
@@ -499,8 +492,6 @@ async def test_a_late_interactive_first_token_cuts_the_prefill_duty() -> None:
     """An interactive request whose first token took more than half its class's ttft on
     the worker cuts that worker's prefill duty at the next interval; a background one
     does not."""
-    from hearthgate.policies.pacing import PacingRule
-
     clock = Clock()
     sched = Scheduler(
         [
@@ -534,8 +525,6 @@ async def test_background_waiting_past_half_its_target_loosens_the_prefill_duty(
     """Chat streams at 30 ms gaps (prefill pacing's target: 25 ms) while a RAG request has
     waited past half its 1 s target: the duty is cut, unless it may hold 40 ms while
     background is behind."""
-    from hearthgate.policies.pacing import PacingRule
-
     clock = Clock()
     sched = Scheduler(
         [
@@ -563,15 +552,9 @@ async def test_background_waiting_past_half_its_target_loosens_the_prefill_duty(
 async def test_a_prompt_held_by_the_prefill_debt_goes_when_it_is_paid_not_at_a_tick() -> None:
     """The controller pumps again when a worker's prefill debt will be paid: the waiting
     RAG prompt is admitted with no tick (the ticker is not running here)."""
-    from hearthgate.policies.pacing import PacingRule
-
-    clock = Clock()
-    sched = Scheduler(
-        [ClassPolicy("chat", 1, interactive=True), ClassPolicy("rag", 2, interactive=False)]
+    ctl, clock = paced(
+        PacingRule(target_gap_s=0.015, interval_s=0.5, max_cap=8, prefill_gap_s=0.025)
     )
-    snaps = [WorkerSnapshot("w0")]
-    rule = PacingRule(target_gap_s=0.015, interval_s=0.5, max_cap=8, prefill_gap_s=0.025)
-    ctl = AdmissionController(sched, lambda: snaps, clock=clock, pacing=rule)
     ctl.prefill_rates.initial = 40_000.0  # 2000 tokens at 0.7 of it: paid in 71 ms
     rag = await ctl.admit(QueuedRequest("b0", "rag", "notes", clock(), 2, 2000, 50))
     rag.expect_stream()
