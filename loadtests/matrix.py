@@ -120,7 +120,9 @@ def run_matrix(
                 cal = calibration_for(endpoints)
             if fresh and opts.restart_warmup_s > 0:
                 warm_up_fresh_worker(points[0][1], cal, endpoints, opts, log)
-            for label, sc in points:
+            for i, (label, sc) in enumerate(points):
+                if i > 0 and spec.gateway_per_point:
+                    endpoints = launcher.up(spec)  # the same workers, a new gateway
                 if label not in plans:
                     plans[label] = plan(sc, cal)
                 # A freshly started worker compiles graphs for new shapes: warm it up longer.

@@ -39,6 +39,7 @@ def merge_class(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out["attainment"] = round(out["good"] / out["requests"], 4) if out["requests"] else None
     atts = [r["attainment"] for r in runs]
     out["attainment_runs"] = atts
+    out["ttft_p99_s_runs"] = [r.get("ttft_p99_s") for r in runs]
     out["attainment_median"] = median_of(atts)
     present = [a for a in atts if a is not None]
     out["attainment_min"] = min(present) if present else None

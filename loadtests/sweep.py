@@ -98,7 +98,14 @@ def point_stats(outs: list[bench.TargetOutcome], scenario: Scenario) -> dict[str
             }
             for c, cs in s["classes"].items()
         },
-        "flows": {f: {k: fs.get(k) for k in STAT_KEYS} for f, fs in s.get("flows", {}).items()},
+        "flows": {
+            f: {
+                **{k: fs.get(k) for k in STAT_KEYS},
+                "attainment_runs": fs.get("attainment_runs", [fs.get("attainment")]),
+                "ttft_p99_s_runs": fs.get("ttft_p99_s_runs", [fs.get("ttft_p99_s")]),
+            }
+            for f, fs in s.get("flows", {}).items()
+        },
     }
     if s.get("gateway_gauges"):
         out["gateway_gauges"] = s["gateway_gauges"]

@@ -84,6 +84,9 @@ class TargetSpec(_Model):
     config: str | None = None
     settings: dict[str, Any] | None = None
     command: list[str] | None = None
+    # A fresh gateway for every point of a matrix round; the default (false) is one gateway
+    # that lives through the round's points, as a gateway lives for days at home.
+    gateway_per_point: bool = False
     # url
     url: str | None = None
     embed_url: str | None = None
@@ -97,8 +100,12 @@ class TargetSpec(_Model):
             raise ValueError("a target of kind url needs `url`")
         if self.kind != "url" and self.url:
             raise ValueError(f"`url` is only for kind url (this target is {self.kind})")
-        if self.kind != "gateway" and (self.config or self.settings or self.command):
-            raise ValueError("`config`, `settings` and `command` are only for kind gateway")
+        if self.kind != "gateway" and (
+            self.config or self.settings or self.command or self.gateway_per_point
+        ):
+            raise ValueError(
+                "`config`, `settings`, `command` and `gateway_per_point` are only for kind gateway"
+            )
         if self.kind == "url" and self.workers:
             raise ValueError("`workers` is not for kind url")
         if self.kind != "gateway":

@@ -252,6 +252,56 @@ def test_launcher_starts_two_workers_once_and_builds_gateway_settings() -> None:
     assert "routing" not in settings["gateway-ll"]
 
 
+def test_a_gateway_per_point_is_started_fresh_for_every_point(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hearthgate.loadtests import bench
+    from hearthgate.loadtests.matrix import Options, run_matrix
+
+    tf = TargetsFile.model_validate(
+        {
+            "targets": [
+                {"name": "aged", "kind": "gateway"},
+                {"name": "fresh", "kind": "gateway", "gateway_per_point": True},
+            ]
+        }
+    )
+    events: list[str] = []
+
+    def run_one(sc: Any, reqs: Any, endpoints: Endpoints, **kw: Any) -> Any:
+        events.append(f"run {sc.name} on {endpoints.name}")
+        return object()
+
+    monkeypatch.setattr(bench, "run_one", run_one)
+    sc = validate_scenario(SCENARIO)
+    _, _, cells = run_matrix(
+        [("p1", sc), ("p2", sc)],
+        tf,
+        Options(prime=False, calibrate=False, restart_warmup_s=0),
+        launcher_factory=lambda t, **kw: fake_launcher(t, events, {}, need_embed=False),
+        log=lambda m: None,
+    )
+    assert [(c.point, c.target) for c in cells] == [
+        ("p1", "aged"),
+        ("p2", "aged"),
+        ("p1", "fresh"),
+        ("p2", "fresh"),
+    ]
+    assert events == [
+        "start gen 18210 core 1",
+        "gateway aged",
+        "run rr on aged",
+        "run rr on aged",  # one gateway lives through the round's points
+        "gateway fresh",
+        "run rr on fresh",
+        "gateway fresh",  # a new one for the second point, on the same worker
+        "run rr on fresh",
+        "stop gen 18210",
+    ]
+    with pytest.raises(ValueError, match="only for kind gateway"):
+        TargetSpec(name="v", kind="vllm", gateway_per_point=True)
+
+
 def test_per_worker_flags_roles_and_limits() -> None:
     tf = TargetsFile.model_validate(
         {

@@ -207,6 +207,7 @@ def _class_run(att: float, good: int, n: int, ttft: float) -> dict[str, Any]:
         "good": good,
         "attainment": att,
         "ttft_p50_s": ttft,
+        "ttft_p99_s": 2 * ttft,
         "slo": {},
     }
 
@@ -240,6 +241,7 @@ def test_merge_repeats_pools_counts_and_takes_medians() -> None:
     assert chat["attainment_runs"] == [0.5, 0.9, 0.7]
     assert (chat["attainment_min"], chat["attainment_max"]) == (0.5, 0.9)
     assert chat["ttft_p50_s"] == pytest.approx(0.2)
+    assert chat["ttft_p99_s_runs"] == [0.2, 0.6, 0.4]  # each run's, beside the median
     assert m["run"]["requests"] == 30 and m["run"]["drain_s"] == 2.0
     assert m["repeats"] == 3
     assert m["interactive"]["attainment"] == pytest.approx(0.7)
