@@ -39,6 +39,15 @@ from hearthgate.policies.types import QueuedRequest, Rejection, WorkerSnapshot
 log = logging.getLogger("hearthgate.admission")
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    """The running event loop, or None where the controller is driven by ``tick()`` alone
+    (tests on a fake clock): timers that would pump or release on time are then skipped."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 class AdmissionController:
     """Queues requests in the scheduler and wakes each one when it is admitted."""
 
@@ -362,10 +371,9 @@ class AdmissionController:
         wait = self.paced.prefill_opens_in(now)
         if wait is None or not math.isfinite(wait):
             return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return  # driven by tick() alone (tests on a fake clock)
+        loop = _running_loop()
+        if loop is None:
+            return
         due = loop.time() + wait
         if self._opens is not None:
             if self._opens.when() <= due:
@@ -399,10 +407,9 @@ class AdmissionController:
         heapq.heappush(self._releases, (when, next(self._seq), ticket))
         # On time, not at the next tick: a 50 ms tick left the worker without a next prompt
         # for up to 50 ms after each prefill (batches of long prompts ran ~30% slower).
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return  # driven by tick() alone (tests on a fake clock)
+        loop = _running_loop()
+        if loop is None:
+            return
         loop.call_later(max(0.0, when - self.clock()), self._release_due)
 
     def _release_due(self) -> None:
