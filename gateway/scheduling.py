@@ -84,6 +84,7 @@ def pacing_rule(settings: Settings) -> PacingRule | None:
         background_prefill=p.background_prefill,
         behind_gap_s=None if behind_ms is None else behind_ms / 1000,
         late_cut_when_blind=p.late_cuts_decode_cap == "when_blind",
+        proportional_growth=p.cap_growth == "proportional",
     )
 
 

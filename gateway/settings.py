@@ -436,6 +436,10 @@ class Pacing(_Strict):
     # in every run, RAG on target 88 -> 100% at home-mix x1 and 27 -> 55% at rag-burst x2,
     # background tok/s within noise (-3.5% to +6.8%; loadtests/results/late-blind.md).
     late_cuts_decode_cap: Literal["always", "when_blind"] = "when_blind"
+    # How the background cap climbs while the decode gap is under its target and the cap
+    # holds work back: "additive", one sequence an interval; "proportional", the cap times
+    # the room the gap leaves (headroom x target / gap - 1), at most doubling an interval.
+    cap_growth: Literal["additive", "proportional"] = "additive"
 
 
 class Shutdown(_Strict):

@@ -80,6 +80,9 @@ class PacingRule:
     # decode-only gap (the decode batch unseen); False: in every interval. The gateway's
     # settings turn it on by default (scheduler.pacing.late_cuts_decode_cap).
     late_cut_when_blind: bool = False
+    # The background cap grows in proportion to the room the gap leaves (at most doubling
+    # an interval) instead of one sequence an interval; False: one (additive increase).
+    proportional_growth: bool = False
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.target_gap_s) and self.target_gap_s > 0):
@@ -158,8 +161,20 @@ class DecodePacer:
                 else:
                     self.cuts_gap += 1
         elif gap < r.headroom * r.target_gap_s and background_in_flight >= self.cap:
-            self.cap = min(r.max_cap, self.cap + 1)
+            self.cap = min(r.max_cap, self.cap + self._growth(gap))
         return self.cap
+
+    def _growth(self, gap: float) -> int:
+        """Sequences to add to the cap after an interval whose mean ``gap`` was under
+        headroom x target while the cap held work back: one, or with
+        ``proportional_growth`` the cap times the room left (headroom x target / gap - 1),
+        at least one and at most the cap itself (doubling). After a deep cut the cap then
+        climbs back in a few intervals where the gap allows it, not one sequence each."""
+        r = self.rule
+        if not r.proportional_growth:
+            return 1
+        room = r.headroom * r.target_gap_s / gap - 1 if gap > 0 else 1.0
+        return max(1, math.floor(self.cap * min(1.0, room)))
 
 
 APP_DECREASE = 0.85  # the per-app cap's multiplicative cut (WorkerPacer)
@@ -241,7 +256,8 @@ class WorkerPacer:
             # there are always more queued, so a deep cut only leaves the worker idle
             # (cuts to 0.7 held the cap around 16 where the gap allowed about 24).
             decrease = max(rule.decrease, APP_DECREASE)
-            self._apps = DecodePacer(replace(rule, min_cap=floor, decrease=decrease), now)
+            app_rule = replace(rule, min_cap=floor, decrease=decrease, proportional_growth=False)
+            self._apps = DecodePacer(app_rule, now)
 
     @property
     def rule(self) -> PacingRule:

@@ -66,6 +66,37 @@ def test_grows_by_one_only_while_fast_and_the_cap_holds_work_back() -> None:
     assert p.update(2.0, 5) == 5  # under target but above headroom (0.85 x 20 ms): hold
 
 
+def test_proportional_growth_climbs_by_the_room_the_gap_leaves() -> None:
+    rule = replace(RULE, decrease=0.1, max_cap=64, proportional_growth=True)
+    p = DecodePacer(rule, now=0.0)
+    feed(p, 0.040)
+    assert p.update(0.5, 10) == 1  # a deep cut: floor(10 x 0.1)
+    # 4 ms against 0.85 x 20 = 17 ms: room 3.25, so the cap doubles each interval
+    caps = []
+    for i in range(1, 5):
+        feed(p, 0.004)
+        caps.append(p.update(0.5 + 0.5 * i, p.cap))
+    assert caps == [2, 4, 8, 16]  # additive growth would be at 5
+    feed(p, 0.015)  # room 17 / 15 - 1 = 0.13: floor(16 x 0.13) = 2
+    assert p.update(3.0, 16) == 18
+    feed(p, 0.0165)  # room 0.03: less than one sequence, still one
+    assert p.update(3.5, 18) == 19
+    feed(p, 0.0)  # no measurable gap: doubling, to the ceiling at most
+    p.update(4.0, 19)
+    assert p.cap == 38
+    feed(p, 0.004)
+    assert p.update(4.5, 20) == 38  # the cap is not what limits: no growth
+    feed(p, 0.018)
+    assert p.update(5.0, 38) == 38  # above headroom: hold, as additive growth does
+
+
+def test_the_app_cap_keeps_additive_growth() -> None:
+    rule = replace(RULE, proportional_growth=True)
+    w = WorkerPacer(rule, now=0.0, app_min_cap=2)
+    assert w._apps is not None and not w._apps.rule.proportional_growth
+    assert w._background.rule.proportional_growth
+
+
 def test_floor_and_ceiling() -> None:
     p = DecodePacer(RULE, now=0.0)
     t = 0.0

@@ -61,6 +61,14 @@ def test_late_cuts_of_the_decode_cap_are_only_when_blind_by_default_or_always() 
         settings(late_cuts_decode_cap="never")
 
 
+def test_the_cap_grows_additively_by_default_or_in_proportion() -> None:
+    assert pacing_rule(settings()).proportional_growth is False  # type: ignore[union-attr]
+    rule = pacing_rule(settings(cap_growth="proportional"))
+    assert rule is not None and rule.proportional_growth is True
+    with pytest.raises(Exception, match="cap_growth"):
+        settings(cap_growth="exponential")
+
+
 def test_per_app_off_keeps_background_pacing() -> None:
     s = settings(per_app=False)
     assert pacing_rule(s) is not None
