@@ -16,7 +16,8 @@ multiplicative decrease):
   cap, so the sequences admitted before the cut, which take a while to finish, do not drive
   it to the floor;
 - gap below ``headroom`` times the target while the cap is what holds work back (background
-  in flight at the cap): one more sequence;
+  in flight at the cap): one more sequence, or with ``PacingRule.proportional_growth`` the
+  cap times the room the gap leaves (at least one, at most doubling);
 - no gap observed (nothing streamed): unchanged.
 
 Only gaps no prefill overlapped count here: a long prompt's prefill step stalls every stream
@@ -82,6 +83,7 @@ class PacingRule:
     late_cut_when_blind: bool = False
     # The background cap grows in proportion to the room the gap leaves (at most doubling
     # an interval) instead of one sequence an interval; False: one (additive increase).
+    # The gateway's settings turn it on by default (scheduler.pacing.cap_growth).
     proportional_growth: bool = False
 
     def __post_init__(self) -> None:

@@ -61,10 +61,10 @@ def test_late_cuts_of_the_decode_cap_are_only_when_blind_by_default_or_always() 
         settings(late_cuts_decode_cap="never")
 
 
-def test_the_cap_grows_additively_by_default_or_in_proportion() -> None:
-    assert pacing_rule(settings()).proportional_growth is False  # type: ignore[union-attr]
-    rule = pacing_rule(settings(cap_growth="proportional"))
-    assert rule is not None and rule.proportional_growth is True
+def test_the_cap_grows_in_proportion_by_default_or_additively() -> None:
+    assert pacing_rule(settings()).proportional_growth is True  # type: ignore[union-attr]
+    rule = pacing_rule(settings(cap_growth="additive"))
+    assert rule is not None and rule.proportional_growth is False
     with pytest.raises(Exception, match="cap_growth"):
         settings(cap_growth="exponential")
 
