@@ -75,6 +75,15 @@ STAT_KEYS = (
 )
 
 
+def _with_runs(stats: dict[str, Any]) -> dict[str, Any]:
+    """A class's or flow's ``STAT_KEYS`` with each run's attainment and TTFT p99 beside."""
+    return {
+        **{k: stats.get(k) for k in STAT_KEYS},
+        "attainment_runs": stats.get("attainment_runs", [stats.get("attainment")]),
+        "ttft_p99_s_runs": stats.get("ttft_p99_s_runs", [stats.get("ttft_p99_s")]),
+    }
+
+
 def point_stats(outs: list[bench.TargetOutcome], scenario: Scenario) -> dict[str, Any]:
     """One target at one workload over its runs: interactive attainment and background
     tokens (medians, each run's value too), goodput, per class and per flow the medians of
@@ -91,21 +100,8 @@ def point_stats(outs: list[bench.TargetOutcome], scenario: Scenario) -> dict[str
             "background_output_tokens_per_s_runs", [bg]
         ),
         "goodput_rps": inter["goodput_rps"],
-        "classes": {
-            c: {
-                **{k: cs[k] for k in STAT_KEYS},
-                "attainment_runs": cs.get("attainment_runs", [cs["attainment"]]),
-            }
-            for c, cs in s["classes"].items()
-        },
-        "flows": {
-            f: {
-                **{k: fs.get(k) for k in STAT_KEYS},
-                "attainment_runs": fs.get("attainment_runs", [fs.get("attainment")]),
-                "ttft_p99_s_runs": fs.get("ttft_p99_s_runs", [fs.get("ttft_p99_s")]),
-            }
-            for f, fs in s.get("flows", {}).items()
-        },
+        "classes": {c: _with_runs(cs) for c, cs in s["classes"].items()},
+        "flows": {f: _with_runs(fs) for f, fs in s.get("flows", {}).items()},
     }
     if s.get("gateway_gauges"):
         out["gateway_gauges"] = s["gateway_gauges"]

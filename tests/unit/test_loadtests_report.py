@@ -387,6 +387,8 @@ def test_point_stats_carry_the_gateways_steady_gauges() -> None:
     assert got["gateway_gauges"][cap]["mean_runs"] == [3.0, 8.0, 1.0]
     one = point_stats([outcome([], with_gateway=False)], sc)
     assert "gateway_gauges" not in one
-    # each class keeps every run's attainment beside the pooled one (none measured here)
-    assert {len(c["attainment_runs"]) for c in got["classes"].values()} == {3}
-    assert {len(c["attainment_runs"]) for c in one["classes"].values()} == {1}
+    # each class keeps every run's attainment and TTFT p99 beside the pooled ones (none
+    # measured here)
+    for key in ("attainment_runs", "ttft_p99_s_runs"):
+        assert {len(c[key]) for c in got["classes"].values()} == {3}
+        assert {len(c[key]) for c in one["classes"].values()} == {1}
