@@ -96,7 +96,9 @@ class WorkerLimits(_Strict):
     max_in_flight_per_class: dict[str, int] = Field(default_factory=dict)
     # Prompt tokens admitted and not yet past their first token. 4096 with 512 kept for
     # interactive prompts: at RAG 21 req/s, 3072 held chat but gave fewer background tokens,
-    # 8192 gave 259 tok/s against 427 (loadtests/results/pacing-tune.md).
+    # 8192 gave 259 tok/s against 427 (loadtests/results/pacing-tune.md); with prefill
+    # pacing and 1,024-token steps, 6144 and 8192 gave later voice and chat first tokens,
+    # fewer background tokens and less RAG on target (loadtests/results/prefill-budget.md).
     prefill_token_budget: int | None = Field(4096, ge=1)
     interactive_reserved_slots: int = Field(0, ge=0)
     interactive_reserved_prefill_tokens: int = Field(512, ge=0)
