@@ -14,8 +14,8 @@ judged against the targets of issue 15, next to what vLLM alone does on the same
 - chat TPOT p50 at most 0.7x that of tuned vLLM (the vLLM target that sends client
   priorities) wherever vLLM alone is loaded: the point has background load and vLLM at
   default flags keeps interactive attainment under 99% there (with no such target in the
-  run, wherever the point has background load). Where vLLM alone holds, its streams run at
-  the worker's own decode speed, which no gate in front of it can beat;
+  run, wherever the point has background load). Where vLLM alone holds its targets, tuned
+  vLLM's streams run near the worker's idle speed, which a gate in front cannot beat;
 - for a point with a `light_app` (noisy neighbour): that app's TTFT p99 within 1.2x of its
   value in the point named by `solo`, and the other apps of its class at least 70% of the
   output tokens/s they get from vLLM alone at default flags (no cap of any kind).
