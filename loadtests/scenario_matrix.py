@@ -185,8 +185,8 @@ def judge(
         else []
     )
     # "Wherever vLLM alone is loaded": vLLM at default flags misses interactive work here.
-    fcfs_att = cells.get(default, {}).get("interactive_attainment") if default else None
-    loaded = default not in cells or fcfs_att is None or fcfs_att < ATTAINMENT
+    fcfs = cells.get(default) if default else None
+    loaded = fcfs is None or (fcfs["interactive_attainment"] or 0.0) < ATTAINMENT
     out: dict[str, list[dict[str, Any]]] = {}
     for g in gateways:
         got = cells.get(g)
