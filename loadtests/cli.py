@@ -258,6 +258,25 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     return run_matrix_command(args)
 
 
+def cmd_matrix_report(args: argparse.Namespace) -> int:
+    """The matrix's tables from a summary it wrote, also a ``*.partial.summary.json`` left
+    by a run cut short (the rounds it finished)."""
+    from hearthgate.loadtests.scenario_matrix import render_markdown
+
+    try:
+        summary = json.loads(Path(args.summary).read_text())
+    except (OSError, ValueError) as e:
+        print(f"hearthgate bench matrix-report: cannot read {args.summary}: {e}", file=sys.stderr)
+        return 2
+    md = render_markdown(summary)
+    if args.out is not None:
+        args.out.write_text(md)
+        print(f"wrote {args.out}")
+    else:
+        print(md, end="")
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     raw = Path(args.raw_dir)
     sc, summary, outcomes = bench.rebuild(raw)
@@ -416,6 +435,13 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--no-calibrate", action="store_true")
     m.add_argument("--no-progress", action="store_true")
     m.set_defaults(func=cmd_matrix)
+
+    mr = sub.add_parser(
+        "matrix-report", help="the matrix's tables again from its (partial) summary file"
+    )
+    mr.add_argument("summary", help="a *.summary.json or *.partial.summary.json of bench matrix")
+    mr.add_argument("--out", type=Path, help="write the markdown here (default: print it)")
+    mr.set_defaults(func=cmd_matrix_report)
 
     x = sub.add_parser("crosscheck", help="compare the runner with vLLM's serving benchmark")
     from hearthgate.loadtests import crosscheck

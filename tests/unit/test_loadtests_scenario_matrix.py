@@ -3,6 +3,7 @@ and the judging of issue 15's targets on plain summaries."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -219,9 +220,9 @@ def test_noisy_neighbour_checks_the_light_tail_and_the_heavy_share() -> None:
     assert got["chatui TTFT p99 vs solo"] is None
 
 
-def test_the_report_shows_every_cell_and_every_check() -> None:
+def one_point_summary() -> dict[str, Any]:
     tpot = {"check": "chat TPOT p50 vs tuned vLLM", "value": 0.02, "bound": None, "ok": None}
-    summary = {
+    return {
         "rounds": 3,
         "points": [{"name": "p"}],
         "targets": {n: {**t, "describe": n} for n, t in TARGETS.items()},
@@ -235,10 +236,33 @@ def test_the_report_shows_every_cell_and_every_check() -> None:
             }
         },
     }
-    md = render_markdown(summary)
+
+
+def test_the_report_shows_every_cell_and_every_check() -> None:
+    md = render_markdown(one_point_summary())
     assert "| p | 40% / 400.0 / 20 ms | 100% / 390.0 / 20 ms | - |" in md
     assert "holds (not judged: chat TPOT p50 vs tuned vLLM)" in md
     assert "| p | gateway | interactive attainment | 1 | 0.99 | yes |" in md
+
+
+def test_a_summary_left_by_a_run_cut_short_is_rendered_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hearthgate.loadtests.cli import main
+
+    saved = tmp_path / "m.partial.summary.json"
+    saved.write_text(json.dumps(one_point_summary()))
+    assert main(["matrix-report", str(saved)]) == 0
+    printed = capsys.readouterr().out
+    assert printed == render_markdown(one_point_summary())
+    out = tmp_path / "m.md"
+    assert main(["matrix-report", str(saved), "--out", str(out)]) == 0
+    assert out.read_text() == printed
+    # A file that is not a summary: a clear message, no traceback.
+    saved.write_text("{not json")
+    assert main(["matrix-report", str(saved)]) == 2
+    assert "cannot read" in capsys.readouterr().err
+    assert main(["matrix-report", str(tmp_path / "none.json")]) == 2
 
 
 def test_the_command_line_defaults_to_the_shipped_files() -> None:
@@ -318,7 +342,6 @@ def run_cut_short(
 def test_a_matrix_cut_short_keeps_the_medians_of_every_finished_round(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import json
 
     per_round = 2 * 3  # two points, three targets
     out, seen = run_cut_short(tmp_path, monkeypatch, fail_at=per_round + 1)
@@ -333,7 +356,6 @@ def test_a_matrix_cut_short_keeps_the_medians_of_every_finished_round(
 def test_a_finished_matrix_replaces_its_partial_summary(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import json
 
     out, _ = run_cut_short(tmp_path, monkeypatch, fail_at=None)
     assert not (out / "matrix.partial.summary.json").exists()
