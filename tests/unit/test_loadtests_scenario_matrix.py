@@ -342,7 +342,6 @@ def run_cut_short(
 def test_a_matrix_cut_short_keeps_the_medians_of_every_finished_round(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-
     per_round = 2 * 3  # two points, three targets
     out, seen = run_cut_short(tmp_path, monkeypatch, fail_at=per_round + 1)
     # Nothing is written mid-round; the first whole round is, and stays after the failure.
@@ -356,7 +355,6 @@ def test_a_matrix_cut_short_keeps_the_medians_of_every_finished_round(
 def test_a_finished_matrix_replaces_its_partial_summary(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-
     out, _ = run_cut_short(tmp_path, monkeypatch, fail_at=None)
     assert not (out / "matrix.partial.summary.json").exists()
     done = json.loads((out / "matrix.summary.json").read_text())
