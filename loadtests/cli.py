@@ -264,11 +264,17 @@ def cmd_matrix_report(args: argparse.Namespace) -> int:
     from hearthgate.loadtests.scenario_matrix import render_markdown
 
     try:
-        summary = json.loads(Path(args.summary).read_text())
+        md = render_markdown(json.loads(Path(args.summary).read_text()))
     except (OSError, ValueError) as e:
         print(f"hearthgate bench matrix-report: cannot read {args.summary}: {e}", file=sys.stderr)
         return 2
-    md = render_markdown(summary)
+    except (KeyError, TypeError, AttributeError) as e:
+        print(
+            f"hearthgate bench matrix-report: {args.summary} is not a bench matrix summary "
+            f"(no {e})",
+            file=sys.stderr,
+        )
+        return 2
     if args.out is not None:
         args.out.write_text(md)
         print(f"wrote {args.out}")

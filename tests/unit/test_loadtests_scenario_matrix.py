@@ -263,6 +263,9 @@ def test_a_summary_left_by_a_run_cut_short_is_rendered_again(
     assert main(["matrix-report", str(saved)]) == 2
     assert "cannot read" in capsys.readouterr().err
     assert main(["matrix-report", str(tmp_path / "none.json")]) == 2
+    saved.write_text('{"rounds": 1}')  # JSON, but not a matrix summary
+    assert main(["matrix-report", str(saved)]) == 2
+    assert "not a bench matrix summary" in capsys.readouterr().err
 
 
 def test_the_command_line_defaults_to_the_shipped_files() -> None:
