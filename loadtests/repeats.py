@@ -15,7 +15,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-_SUMMED = ("requests", "completed", "rejected", "failed", "good")
+_SUMMED = ("requests", "completed", "rejected", "failed", "good", "missed_ttft", "missed_itl")
 
 
 def median_of(values: list[Any]) -> float | None:

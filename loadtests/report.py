@@ -8,7 +8,9 @@ Definitions (the markdown report repeats them):
 - A request is *good* when it completed and met its class's SLO: TTFT <= `ttft_s` (for a
   non-streamed request TTFT is the time to the whole response) and its inter-token statistic
   (`itl_stat`: tpot = mean gap after the first token, default; p99_gap; max_gap) <= `itl_s`.
-  A missing target is met. Rejections and failures are misses.
+  A missing target is met. Rejections and failures are misses; of the completed misses,
+  `missed_ttft` counts those whose first token was late and `missed_itl` those whose stream
+  was too slow (a request can be both).
 - *attainment* = good / measured requests; *goodput_rps* = good / (duration_s - warmup_s).
 - Latency percentiles are over completed measured requests; `itl_*` pools every inter-token
   gap of those requests, `max_gap_*` is over each request's largest gap.
@@ -63,18 +65,23 @@ def itl_statistic(rec: RequestRecord, stat: str) -> float | None:
     return max(gaps)
 
 
+def late_first_token(rec: RequestRecord, slo: Slo) -> bool:
+    """Completed, but its first token (the whole answer, unstreamed) came after the target."""
+    ttft = rec.ttft_s
+    return rec.outcome == "ok" and slo.ttft_s is not None and (ttft is None or ttft > slo.ttft_s)
+
+
+def slow_stream(rec: RequestRecord, slo: Slo) -> bool:
+    """Completed and streamed, but its tokens came slower than the inter-token target."""
+    if rec.outcome != "ok" or slo.itl_s is None or not rec.stream:
+        return False
+    value = itl_statistic(rec, slo.itl_stat)
+    return value is not None and value > slo.itl_s
+
+
 def meets_slo(rec: RequestRecord, slo: Slo) -> bool:
     """Completed and within both targets (see the module docstring)."""
-    if rec.outcome != "ok":
-        return False
-    ttft = rec.ttft_s
-    if slo.ttft_s is not None and (ttft is None or ttft > slo.ttft_s):
-        return False
-    if slo.itl_s is not None and rec.stream:
-        value = itl_statistic(rec, slo.itl_stat)
-        if value is not None and value > slo.itl_s:
-            return False
-    return True
+    return rec.outcome == "ok" and not late_first_token(rec, slo) and not slow_stream(rec, slo)
 
 
 def _output_weight(rec: RequestRecord) -> float:
@@ -124,6 +131,9 @@ def class_summary(
         "rejected": sum(r.outcome == "rejected" for r in measured),
         "failed": sum(r.outcome == "failed" for r in measured),
         "good": len(good),
+        # Why completed requests missed: first token late, stream too slow (or both).
+        "missed_ttft": sum(late_first_token(r, slo) for r in ok),
+        "missed_itl": sum(slow_stream(r, slo) for r in ok),
         "attainment": _r(len(good) / n) if n else None,
         "goodput_rps": _r(len(good) / steady),
         "ttft_p50_s": _r(percentile(ttft, 50)),

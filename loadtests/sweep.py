@@ -66,6 +66,8 @@ STAT_KEYS = (
     "completed",
     "rejected",
     "failed",
+    "missed_ttft",
+    "missed_itl",
     "ttft_p50_s",
     "ttft_p99_s",
     "tpot_p50_s",

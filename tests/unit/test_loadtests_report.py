@@ -131,22 +131,24 @@ def test_class_summary_counts_and_attainment() -> None:
         rec(1, chunks=[10.3, 10.32, 10.34]),  # good, TTFT 0.3
         rec(2, chunks=[10.7, 10.72, 10.74]),  # completed, TTFT miss (0.7)
         rec(3, chunks=[10.2, 10.4, 10.6]),  # completed, TPOT miss (0.2)
+        rec(7, chunks=[10.6, 10.8, 11.0]),  # completed, both missed
         rec(4, outcome="rejected"),
         rec(5, outcome="failed"),
         rec(6, chunks=[5.1, 5.2], sent=5.0, warmup=True),  # warm-up: not measured
     ]
     s = class_summary(recs, SLO, duration_s=20, warmup_s=6)
-    assert (s["requests"], s["completed"], s["rejected"], s["failed"]) == (6, 4, 1, 1)
+    assert (s["requests"], s["completed"], s["rejected"], s["failed"]) == (7, 5, 1, 1)
     assert s["requests"] == s["completed"] + s["rejected"] + s["failed"]
     assert s["good"] == 2
-    assert s["attainment"] == pytest.approx(2 / 6, abs=1e-4)
+    assert (s["missed_ttft"], s["missed_itl"]) == (2, 2)  # the last completed one both ways
+    assert s["attainment"] == pytest.approx(2 / 7, abs=1e-4)
     assert s["goodput_rps"] == pytest.approx(2 / 14, abs=1e-4)
-    # TTFT over completed measured: 0.1, 0.2, 0.3, 0.7 -> p50 = 0.25, p99 rank 2.97.
-    assert s["ttft_p50_s"] == pytest.approx(0.25)
-    assert s["ttft_p99_s"] == pytest.approx(0.3 + 0.97 * 0.4, abs=1e-4)
-    # Output tokens inside [6, 20): 4 completed x 3 chunks; the warm-up one is outside.
-    assert s["output_tokens_per_s"] == pytest.approx(12 / 14, abs=0.01)
-    assert s["input_tokens_per_s"] == pytest.approx(400 / 14, abs=0.01)
+    # TTFT over completed measured: 0.1, 0.2, 0.3, 0.6, 0.7 -> p50 = 0.3, p99 rank 3.96.
+    assert s["ttft_p50_s"] == pytest.approx(0.3)
+    assert s["ttft_p99_s"] == pytest.approx(0.6 + 0.96 * 0.1, abs=1e-4)
+    # Output tokens inside [6, 20): 5 completed x 3 chunks; the warm-up one is outside.
+    assert s["output_tokens_per_s"] == pytest.approx(15 / 14, abs=0.01)
+    assert s["input_tokens_per_s"] == pytest.approx(500 / 14, abs=0.01)
 
 
 def test_gateway_queue_splits_the_first_token_time() -> None:
@@ -205,6 +207,7 @@ def _class_run(att: float, good: int, n: int, ttft: float) -> dict[str, Any]:
         "rejected": 0,
         "failed": 0,
         "good": good,
+        "missed_ttft": n - good,
         "attainment": att,
         "ttft_p50_s": ttft,
         "ttft_p99_s": 2 * ttft,
@@ -237,6 +240,7 @@ def test_merge_repeats_pools_counts_and_takes_medians() -> None:
     m = merge_runs(runs)
     chat = m["classes"]["chat"]
     assert chat["requests"] == 30 and chat["good"] == 21
+    assert chat["missed_ttft"] == 9  # summed over the runs, as the counts are
     assert chat["attainment"] == pytest.approx(0.7)
     assert chat["attainment_runs"] == [0.5, 0.9, 0.7]
     assert (chat["attainment_min"], chat["attainment_max"]) == (0.5, 0.9)
