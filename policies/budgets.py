@@ -139,6 +139,7 @@ def check(
     prompt_tokens: int,
     sequences: int = 1,
     app: str | None = None,
+    capped: bool = True,
 ) -> Verdict:
     """Whether one more request of ``cls`` (from ``app``) with ``prompt_tokens`` fits
     ``worker`` now.
@@ -151,7 +152,8 @@ def check(
     used up (``prefill_open``), and while it has ``background_prefill`` background prompts
     in prefill (``prefill``); an interactive request waits
     while its app has as many interactive sequences there as the per-app pacing cap
-    (``WorkerSnapshot.app_cap``; an app with none there is always let in) or while it
+    (``WorkerSnapshot.app_cap``; only when ``capped``; an app with none there is always
+    let in) or while it
     floods the worker and has its limit of prompts in prefill there (``flood_at``,
     ``flood_prefill``: ``app_paced``). The prefill
     budget admits any request when nothing is in prefill (so a request larger than the
@@ -173,7 +175,7 @@ def check(
         not worker.prefill_open or (bg_cap is not None and background >= bg_cap)
     ):
         return Verdict.PACED
-    if interactive and app is not None and app_paced(worker, usage, app, sequences):
+    if interactive and app is not None and app_paced(worker, usage, app, sequences, capped):
         return Verdict.APP_PACED
     bg_prefill = worker.background_prefill
     if (
@@ -200,9 +202,12 @@ def check(
     return Verdict.FITS
 
 
-def app_paced(worker: WorkerSnapshot, usage: WorkerUsage, app: str, sequences: int = 1) -> bool:
+def app_paced(
+    worker: WorkerSnapshot, usage: WorkerUsage, app: str, sequences: int = 1, capped: bool = True
+) -> bool:
     """Whether ``app`` is at the worker's per-app pacing cap for interactive work: it has
-    some interactive sequences there and ``sequences`` more would pass the cap; or it
+    some interactive sequences there and ``sequences`` more would pass the cap (only when
+    ``capped``: another app shares its class, ``policies.class_apps``); or it
     floods the worker (``flood_at`` sequences or more) and has ``flood_prefill`` prompts
     in prefill there already: vLLM prefills its waiting prompts first come first served,
     so a light app's prompt would wait behind all of the flooding app's."""
@@ -210,7 +215,7 @@ def app_paced(worker: WorkerSnapshot, usage: WorkerUsage, app: str, sequences: i
     if held == 0:
         return False
     cap = worker.app_cap
-    if cap is not None and held + sequences > cap:
+    if capped and cap is not None and held + sequences > cap:
         return True
     flood_at, limit = worker.flood_at, worker.flood_prefill
     return (

@@ -37,12 +37,13 @@ def place(
     routing: RoutingPolicy = DEFAULT_POLICY,
     sequences: int = 1,
     app: str | None = None,
+    capped: bool = True,
 ) -> Placement:
     """The best-scoring worker (``policies.routing.scores``: gateway in-flight, scraped
     waiting and KV usage; ties by name) among those the request fits, else the reason it
     fits none. ``usage`` must hold every worker in ``workers``; only workers named in
-    ``eligible`` count (None: all). Scores are normalised over the healthy eligible
-    workers, whether they fit or not."""
+    ``eligible`` count (None: all); ``capped``: as for ``budgets.app_paced``. Scores are
+    normalised over the healthy eligible workers, whether they fit or not."""
     considered = [w for w in workers if eligible is None or w.name in eligible]
     healthy_ws = [w for w in considered if w.healthy]
     score = scores(healthy_ws, {w.name: usage[w.name].in_flight for w in healthy_ws}, routing)
@@ -51,7 +52,7 @@ def place(
     own_cap = 0
     for w in considered:
         u = usage[w.name]
-        verdict = check(w, u, cls, interactive, prompt_tokens, sequences, app)
+        verdict = check(w, u, cls, interactive, prompt_tokens, sequences, app, capped)
         if verdict is Verdict.UNHEALTHY:
             continue
         healthy += 1

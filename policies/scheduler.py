@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from hearthgate.policies.bands import Backlog, precedence
 from hearthgate.policies.budgets import WorkerLoad, WorkerUsage, app_paced
+from hearthgate.policies.class_apps import ClassApps
 from hearthgate.policies.class_queue import ClassQueue
 from hearthgate.policies.counts import count_down
 from hearthgate.policies.fairness import FAIR_SHARES, FairShareFactory, FairShareParams
@@ -118,6 +119,7 @@ class Scheduler:
         self._loads: dict[str, WorkerLoad] = {}
         self._tenant_running: dict[str, int] = {}  # in-flight count of capped tenants
         self._ledger = ShareLedger()
+        self._class_apps = ClassApps()  # which apps share each class (the per-app cap)
         self._routing = routing
 
     def _checked(
@@ -234,6 +236,7 @@ class Scheduler:
             raise ValueError(f"request {req.id}: unknown class {req.cls!r}")
         if req.id in self._queued or req.id in self._running:
             raise ValueError(f"request {req.id} is already queued or in flight")
+        self._class_apps.arrived(req.cls, req.tenant, now)
         rejection = check_enqueue(q.policy, len(q), q.tokens, req) or check_late(
             q.policy,
             q.ahead_of_new(req.tenant) + unanswered,
@@ -315,7 +318,7 @@ class Scheduler:
         at_cap = {
             t for t, cap in self._tenant_caps.items() if self._tenant_running.get(t, 0) >= cap
         }
-        paced_for: dict[tuple[str, int], set[str]] = {}  # (app, sequences) -> workers
+        paced_for: dict[tuple[str, int, bool], set[str]] = {}  # (app, seqs, capped) -> workers
         for name in precedence(backlogs, now):
             q = self._queues[name]
             interactive = q.policy.interactive
@@ -328,16 +331,18 @@ class Scheduler:
                 # long-prefill worker rather than spilling onto a general one); the budgets
                 # then decide which of those it fits, best score first.
                 allowed = route(workers, cand, self._routing) - closed
+                capped = interactive and self._class_apps.shared(name, cand.tenant, now)
                 if interactive and allowed:
-                    # Workers where its app is at the per-app pacing cap: only this app's
-                    # work waits for them, other apps' requests of the class go first.
-                    key = (cand.tenant, cand.sequences)
+                    # Workers where its app is at the per-app pacing cap (held to it only
+                    # while another app shares the class: policies.class_apps) or floods:
+                    # only this app's work waits for them, other apps' requests go first.
+                    key = (cand.tenant, cand.sequences, capped)
                     paced = paced_for.get(key)
                     if paced is None:
                         paced = paced_for[key] = {
                             w.name
                             for w in workers
-                            if app_paced(w, usage[w.name], cand.tenant, cand.sequences)
+                            if app_paced(w, usage[w.name], cand.tenant, cand.sequences, capped)
                         }
                     allowed -= paced
                 if not allowed:
@@ -352,6 +357,7 @@ class Scheduler:
                     self._routing,
                     cand.sequences,
                     cand.tenant,
+                    capped,
                 )
                 if spot.worker is not None:
                     self._start(cand, spot.worker, interactive)

@@ -305,12 +305,14 @@ async def test_a_flooding_app_is_paced_while_a_light_app_of_its_class_passes() -
     """With per-app pacing, slow token gaps and no background to give way cut the cap on
     one app's interactive sequences: the flooding app's next request waits in the gateway,
     another app's request of the same class goes straight to the worker, and the flood's
-    request goes once one of its own finishes."""
+    request goes once one of its own finishes. (The chat UI sent a turn first: an app alone
+    in its class is not held to the cap, policies.class_apps.)"""
     clock = Clock()
     sched = Scheduler([ClassPolicy("chat", 1, interactive=True)])
     snaps = [WorkerSnapshot("w0")]
     rule = PacingRule(target_gap_s=0.02, interval_s=0.5, decrease=0.5, max_cap=8)
     ctl = AdmissionController(sched, lambda: snaps, clock=clock, pacing=rule, app_pacing_floor=2)
+    (await ctl.admit(QueuedRequest("c-", "chat", "chatui", clock(), 1, 10, 5))).finish(10, 5)
     flood = [
         await ctl.admit(QueuedRequest(f"s{i}", "chat", "scraper", clock(), 1, 100, 50))
         for i in range(6)
