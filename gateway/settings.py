@@ -409,7 +409,9 @@ class Pacing(_Strict):
     max_cap: int = Field(32, ge=1)
     # Also cap the interactive sequences any one app has on a worker, from the same gaps,
     # once background is at its floor: an app flooding a chat class waits in the gateway,
-    # where fair sharing puts the other apps first (policies/pacing.py WorkerPacer).
+    # where fair sharing puts the other apps first (policies/pacing.py WorkerPacer). An app
+    # is held to it only while another app sent its class a request in the last 10 s
+    # (policies/class_apps.py): alone in its class, it would only queue its own turns.
     per_app: bool = True
     # The per-app cap never goes below this: 4 per app kept the chat UI's TTFT p99 at its
     # solo value beside a scraper flood (loadtests/results/noisy-flood-caps.md).

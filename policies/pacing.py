@@ -41,7 +41,8 @@ in vLLM's own first-come-first-served queue. It is cut only once the background 
 come down to its own floor (and, with prefill pacing, the duty to its floor, unless no
 background work is on the worker at all): background gives way first. With prefill pacing
 on, gaps that a background prompt's prefill overlapped do not count for it (the duty
-answers those).
+answers those). The scheduler holds an app to this cap only while another app shares its
+class (``policies.class_apps``).
 
 Pure: the caller passes the time and the observations; no clock, no I/O.
 """
