@@ -331,11 +331,12 @@ class Scheduler:
                 # long-prefill worker rather than spilling onto a general one); the budgets
                 # then decide which of those it fits, best score first.
                 allowed = route(workers, cand, self._routing) - closed
-                capped = interactive and self._class_apps.shared(name, cand.tenant, now)
+                capped = True  # only an interactive request's app can be held to the cap
                 if interactive and allowed:
                     # Workers where its app is at the per-app pacing cap (held to it only
                     # while another app shares the class: policies.class_apps) or floods:
                     # only this app's work waits for them, other apps' requests go first.
+                    capped = self._class_apps.shared(name, cand.tenant, now)
                     key = (cand.tenant, cand.sequences, capped)
                     paced = paced_for.get(key)
                     if paced is None:
