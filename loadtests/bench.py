@@ -23,6 +23,7 @@ from typing import Any
 
 import aiohttp
 
+from hearthgate.deploy import box
 from hearthgate.loadtests import plots
 from hearthgate.loadtests.calibrate import calibrate
 from hearthgate.loadtests.markdown import render
@@ -187,6 +188,7 @@ def build_summary(
     summary: dict[str, Any] = {
         "version": 1,
         "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "box": box.describe(),
         "scenario": scenario_block(scenario, reqs),
         "calibration": calibration.to_json(),
         "targets": targets,

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hearthgate.deploy.vllm_worker import WorkerError
 from hearthgate.loadtests import bench
 from hearthgate.loadtests.markdown import LAG_WARN_S
 from hearthgate.loadtests.matrix import Options, run_matrix
@@ -449,6 +450,12 @@ def build_parser() -> argparse.ArgumentParser:
     mr.add_argument("--out", type=Path, help="write the markdown here (default: print it)")
     mr.set_defaults(func=cmd_matrix_report)
 
+    bx = sub.add_parser("box", help="how fast this box runs the CPU vLLM worker")
+    from hearthgate.loadtests import boxspeed
+
+    boxspeed.add_args(bx)
+    bx.set_defaults(func=boxspeed.run)
+
     x = sub.add_parser("crosscheck", help="compare the runner with vLLM's serving benchmark")
     from hearthgate.loadtests import crosscheck
 
@@ -492,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--repeat must be at least 1")
     try:
         code: int = args.func(args)
-    except (ScenarioError, TargetError) as err:
+    except (ScenarioError, TargetError, WorkerError) as err:
         print(f"hearthgate bench: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

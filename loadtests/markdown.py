@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hearthgate.deploy import box
+
 DEFINITIONS = """\
 **Definitions.** Measured requests are those scheduled after the warm-up; each is completed,
 rejected (HTTP 429/503) or failed (any other error). A request is *good* when it completed,
@@ -277,7 +279,8 @@ def render(summary: dict[str, Any]) -> str:
         "",
         f"Seed {sc['seed']}, arrivals for {sc['duration_s']:g} s, warm-up {sc['warmup_s']:g} s "
         f"(steady window {sc['duration_s'] - sc['warmup_s']:g} s). "
-        f"Prompt calibration: {summary.get('calibration', {}).get('source', '-')}.",
+        f"Prompt calibration: {summary.get('calibration', {}).get('source', '-')}. "
+        + box.line(summary.get("box")),
         "",
     ]
     flows = sc.get("flows", [])

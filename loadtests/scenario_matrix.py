@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from hearthgate.deploy import box
 from hearthgate.loadtests import bench
 from hearthgate.loadtests.markdown import _fmt, _table
 from hearthgate.loadtests.matrix import Cell, Options, run_matrix
@@ -300,6 +301,7 @@ def matrix_summary(
         "version": 1,
         "kind": "matrix",
         "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "box": box.describe(),
         "rounds": rounds,
         "calibration": calibration,
         "points": [
@@ -367,7 +369,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         f"Medians of {summary['rounds']} round(s), targets interleaved round by round. Each "
         "cell: interactive attainment / background output tok/s / chat TPOT p50; for a point "
         "with a light app (noisy neighbour): its attainment / the other apps' output tok/s / "
-        "its TTFT p99.",
+        "its TTFT p99. " + box.line(summary.get("box")),
         "",
         *_table(["point", *names, *(f"{g}: targets" for g in gateways)], rows),
         "| target | description |",

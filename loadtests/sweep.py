@@ -16,6 +16,7 @@ import datetime as dt
 import json
 from typing import Any
 
+from hearthgate.deploy import box
 from hearthgate.loadtests import bench, plots
 from hearthgate.loadtests.markdown import _fmt, _table
 from hearthgate.loadtests.matrix import Options, run_matrix
@@ -136,6 +137,7 @@ def sweep_summary(
         "version": 1,
         "kind": "sweep",
         "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "box": box.describe(),
         "scenario": {"name": base.name, "seed": base.seed, "duration_s": base.duration_s},
         "calibration": calibration,
         "threshold": threshold,
@@ -165,7 +167,8 @@ def render_sweep(summary: dict[str, Any]) -> str:
         "",
         f"Capacity = highest rate scale with interactive attainment >= "
         f"{100 * summary['threshold']:.0f}% at every rate up to it. "
-        f"Recommended (highest capacity, then goodput): **{summary['recommended']}**.",
+        f"Recommended (highest capacity, then goodput): **{summary['recommended']}**. "
+        + box.line(summary.get("box")),
         "",
     ]
     rows = []

@@ -243,6 +243,9 @@ def test_the_report_shows_every_cell_and_every_check() -> None:
     assert "| p | 40% / 400.0 / 20 ms | 100% / 390.0 / 20 ms | - |" in md
     assert "holds (not judged: chat TPOT p50 vs tuned vLLM)" in md
     assert "| p | gateway | interactive attainment | 1 | 0.99 | yes |" in md
+    assert "Box:" not in md  # a summary from before boxes were recorded
+    boxed = {**one_point_summary(), "box": {"cpu": "AMD EPYC", "cores": 2, "avx512": False}}
+    assert "Box: AMD EPYC, 2 cores, no AVX-512." in render_markdown(boxed)
 
 
 def test_a_summary_left_by_a_run_cut_short_is_rendered_again(
