@@ -120,8 +120,9 @@ unit: $(VENV)/.stamp
 e2e: setup
 	$(VENV)/bin/pytest -q tests/e2e
 
+# --durations: the slowest set-ups and tests in the log, to keep the suite well under 30 min.
 test: setup lint typecheck
-	$(VENV)/bin/pytest -q tests
+	$(VENV)/bin/pytest -q --durations=25 tests
 
 bench: serve-deps
 	$(VENV)/bin/hearthgate bench compare home-mix --targets local --out loadtests/results

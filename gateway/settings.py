@@ -217,14 +217,16 @@ class RequestClass(_Strict):
     # A background class with a ttft_ms target answers 429 at once, with the Retry-After
     # its drain rate justifies, to a request whose wait in line plus its own prefill would
     # pass that target (interactive classes and classes without ttft_ms never shed so).
-    # Off by default. Under steady overload it helps (RAG at 4x home-mix: 0% -> ~half its
-    # requests on target, loadtests/results/shed-sweep.md), but in the scenario matrix,
-    # with one gateway living through changing load, it refused 10-28% of RAG at home-mix
-    # x1 and ~half of rag-burst x1's RAG, all of which vLLM alone served within target
-    # (loadtests/results/matrix-1round.md, matrix-busyfix.md): pacing queues RAG at light
-    # load and the prediction then reads the line as too long. Turn it on for a class that
-    # is routinely flooded.
+    # Off unless set; the shipped embed and rag classes set it. Alone it also refused RAG
+    # the box would have served in time in bursts (loadtests/results/rag-shed.md), hence:
     shed_late: bool = False
+    # With shed_late: shed only once the line has stood, i.e. the oldest request in the
+    # class's queue has waited this long (work arrives faster than the box serves it, not
+    # a burst it will catch up with), and from then on until this long has passed with no
+    # request shed. null: whenever the prediction says so. The shipped rag class: 15000
+    # (5x its target): in the recent matrices on the AVX-512 boxes RAG's queue wait p99
+    # was at most 8.4 s in bursts (rag-burst x3) and 23-32 s under a flood (home-mix x10).
+    shed_after_wait_ms: float | None = Field(None, gt=0)
     ordering: Literal["fcfs", "edf"] = "fcfs"
     fair_share: Literal["vtc", "fcfs"] = "vtc"
     # This class's own first-byte limit (null: upstream.first_byte_timeout_s).
@@ -254,7 +256,11 @@ def _default_classes() -> dict[str, RequestClass]:
         "chat": RequestClass(
             priority=1, interactive=True, ttft_ms=800, itl_ms=80, first_byte_timeout_ms=60_000
         ),
-        "rag": RequestClass(priority=2, ttft_ms=3000, itl_ms=150),
+        # Told early once its line stands instead of queued for minutes on a box too slow
+        # for its load: loadtests/results/rag-standing-avx2.md.
+        "rag": RequestClass(
+            priority=2, ttft_ms=3000, itl_ms=150, shed_late=True, shed_after_wait_ms=15000
+        ),
         # An indexing backlog told to come back (429, Retry-After) beats every text
         # answered late: loadtests/results/embed-shed.md.
         "embed": RequestClass(priority=3, ttft_ms=2000, shed_late=True),

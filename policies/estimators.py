@@ -26,11 +26,16 @@ class DrainRate:
     """
 
     def __init__(
-        self, window_s: float = 30.0, max_events: int = 100_000, min_ends: int = 8
+        self,
+        window_s: float = 30.0,
+        max_events: int = 100_000,
+        min_ends: int = 8,
+        min_busy_s: float = 10.0,
     ) -> None:
         self._window = window_s
         self._max = max_events
         self.min_ends = min_ends
+        self.min_busy_s = min_busy_s
         self._ends: dict[str, deque[float]] = {}
         self._busy_since: dict[str, float] = {}  # class -> start of its busy period now
         self._periods: dict[str, deque[tuple[float, float]]] = {}  # closed busy periods
@@ -101,12 +106,20 @@ class DrainRate:
 
     def measured_rate(self, cls: str, now: float) -> float:
         """``rate``, or 0 while fewer than ``min_ends`` requests of ``cls`` finished in the
-        window (too few to refuse anyone on)."""
+        window (too few to refuse anyone on), unless ``cls`` has had work without a break
+        for ``min_busy_s``: then the few it finished are what the worker did in that time.
+        A class the box serves slower than ``min_ends`` a window (RAG on a slow CPU:
+        0.2-0.3 a second) is the one most in need of being told early, and waiting for
+        its whole window let a flood queue 30 s of arrivals first."""
         ends = self._ends.get(cls)
         if ends is None:
             return 0.0
         self._trim(ends, now)
-        return self.rate(cls, now) if len(ends) >= self.min_ends else 0.0
+        if len(ends) >= self.min_ends:
+            return self.rate(cls, now)
+        since = self._busy_since.get(cls)
+        steady = since is not None and now - since >= self.min_busy_s
+        return self.rate(cls, now) if steady else 0.0
 
     def total_rate(self, now: float) -> float:
         """Requests of all classes finished per second over the window."""

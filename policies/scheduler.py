@@ -21,7 +21,7 @@ from hearthgate.policies.ordering import ORDERINGS, OrderingPolicy
 from hearthgate.policies.placement import Blocked, place
 from hearthgate.policies.routing import DEFAULT_POLICY, RoutingPolicy, route
 from hearthgate.policies.shares import ShareLedger
-from hearthgate.policies.shedding import check_enqueue, check_late
+from hearthgate.policies.shedding import check_enqueue, check_late, line_stands
 from hearthgate.policies.types import (
     Admission,
     ClassPolicy,
@@ -120,6 +120,8 @@ class Scheduler:
         self._tenant_running: dict[str, int] = {}  # in-flight count of capped tenants
         self._ledger = ShareLedger()
         self._class_apps = ClassApps()  # which apps share each class (the per-app cap)
+        # When each class's line last stood or shed under it (shed_after_wait_s)
+        self._stood: dict[str, float] = {}
         self._routing = routing
 
     def _checked(
@@ -223,11 +225,12 @@ class Scheduler:
         cap, or (``shed_late`` classes) the requests ahead of it, at ``drain_rate``
         requests of its class finished a second, plus ``service_s`` for its own prefill,
         would keep it past its first-token target (``policies.shedding.check_late``; rate
-        0: unknown, never shed for that). Ahead of it are the class's queued requests that
-        would go first and ``unanswered``, the class's requests already sent to workers
-        whose first token (a whole answer, when not streamed) has not come: a class no
-        budget holds back, such as embeddings, has its whole line waiting in the worker,
-        not in this queue.
+        0: unknown, never shed for that; with ``shed_after_wait_s``, only while the class's
+        line stands, ``policies.shedding.line_stands``). Ahead of it are the class's queued
+        requests that would go first and ``unanswered``, the class's requests already sent
+        to workers whose first token (a whole answer, when not streamed) has not come: a
+        class no budget holds back, such as embeddings, has its whole line waiting in the
+        worker, not in this queue.
 
         Raises ValueError for an unknown class or an id the scheduler already holds.
         """
@@ -237,14 +240,16 @@ class Scheduler:
         if req.id in self._queued or req.id in self._running:
             raise ValueError(f"request {req.id} is already queued or in flight")
         self._class_apps.arrived(req.cls, req.tenant, now)
-        rejection = check_enqueue(q.policy, len(q), q.tokens, req) or check_late(
-            q.policy,
-            q.ahead_of_new(req.tenant) + unanswered,
-            drain_rate,
-            len(q),
-            q.tokens,
-            service_s,
-        )
+        oldest = q.oldest()
+        waited = None if oldest is None else now - oldest.arrival
+        late = None
+        if line_stands(q.policy, waited, self._stood.get(req.cls), now):
+            ahead = q.ahead_of_new(req.tenant) + unanswered
+            late = check_late(q.policy, ahead, drain_rate, len(q), q.tokens, service_s)
+            after = q.policy.shed_after_wait_s
+            if after is not None and (late is not None or (waited or 0.0) >= after):
+                self._stood[req.cls] = now
+        rejection = check_enqueue(q.policy, len(q), q.tokens, req) or late
         if rejection is not None:
             return rejection
         if not len(q):

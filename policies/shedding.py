@@ -54,6 +54,23 @@ def check_late(
     )
 
 
+def line_stands(
+    policy: ClassPolicy, oldest_wait_s: float | None, last_stood_s: float | None, now: float
+) -> bool:
+    """Whether ``check_late`` may shed for the class at ``now``: always without
+    ``shed_after_wait_s``. With it, once the line has stood: the oldest request in the
+    class's queue has waited that long (work arrives faster than the box serves it, not a
+    burst it will catch up with); and from then on for as long again after the line last
+    stood or last shed a request (``last_stood_s``), so that shedding, which keeps the
+    line short, does not end itself while the flood goes on."""
+    after = policy.shed_after_wait_s
+    if after is None:
+        return True
+    if oldest_wait_s is not None and oldest_wait_s >= after:
+        return True
+    return last_stood_s is not None and now - last_stood_s < after
+
+
 def is_expired(policy: ClassPolicy, req: QueuedRequest, now: float) -> bool:
     """Whether ``req`` has waited at least its class's queue timeout."""
     timeout = policy.queue_timeout_s

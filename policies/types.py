@@ -88,9 +88,10 @@ class ClassPolicy:
     ``max_queue`` / ``max_queued_tokens`` cap the queue (count / prompt-token estimate);
     ``queue_timeout_s`` expires queued requests. ``shed_late``: a background class with a
     ``ttft_s`` target refuses a request whose predicted wait already exceeds it (see
-    ``policies.shedding.check_late``). ``ordering`` names the policy inside a tenant
-    and ``fair_share`` the policy between tenants (keys of the registries in
-    ``policies.ordering`` and ``policies.fairness``). ``None`` means "no limit" throughout.
+    ``policies.shedding.check_late``); with ``shed_after_wait_s``, only once its line has
+    stood that long (``policies.shedding.line_stands``). ``ordering`` names the policy
+    inside a tenant and ``fair_share`` the policy between tenants (keys of the registries
+    in ``policies.ordering`` and ``policies.fairness``). ``None`` means "no limit" throughout.
     """
 
     name: str
@@ -106,6 +107,7 @@ class ClassPolicy:
     ordering: str = "fcfs"
     fair_share: str = "vtc"
     shed_late: bool = False
+    shed_after_wait_s: float | None = None
 
     def __post_init__(self) -> None:
         n = self.name
@@ -115,6 +117,7 @@ class ClassPolicy:
             ("itl_s", self.itl_s),
             ("max_wait_s", self.max_wait_s),
             ("queue_timeout_s", self.queue_timeout_s),
+            ("shed_after_wait_s", self.shed_after_wait_s),
         ):
             if value is not None:
                 _require(_finite(value) and value > 0, f"class {n}: {key} must be > 0")

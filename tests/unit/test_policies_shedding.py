@@ -232,3 +232,58 @@ def test_the_requests_own_prefill_counts_towards_its_first_token() -> None:
     assert sched.enqueue(req("a4", "rag", "a"), 0.0, drain_rate=2.0, service_s=0.9) is None
     got = sched.enqueue(req("a5", "rag", "a"), 0.0, drain_rate=2.0, service_s=1.5)
     assert got is not None and got.retry_after_s == pytest.approx(1.0)  # 2.5 + 1.5 - 3
+
+
+# ------------------------------------- a standing line (ClassPolicy.shed_after_wait_s)
+
+STANDING_RAG = with_(RAG, shed_late=True, shed_after_wait_s=9.0)  # ttft_s 3.0
+
+
+def test_a_short_line_is_not_shed_for_a_prediction_alone() -> None:
+    """A burst the box will catch up with: the prediction says late, but nobody in the
+    queue has waited 9 s yet, so the request is queued (shed_late alone would refuse it)."""
+    sched = Scheduler([CHAT, STANDING_RAG])
+    fill(sched, 10)  # arrivals 0..9 s
+    assert sched.enqueue(req("a10", "rag", "a", arrival=8.5), 8.5, drain_rate=1.0) is None
+    plain = Scheduler([CHAT, LATE_RAG])
+    fill(plain, 10)
+    got = plain.enqueue(req("a10", "rag", "a", arrival=8.5), 8.5, drain_rate=1.0)
+    assert got is not None and got.reason == "target_unreachable"
+
+
+def test_once_the_oldest_has_waited_long_enough_late_requests_are_shed() -> None:
+    sched = Scheduler([CHAT, STANDING_RAG])
+    fill(sched, 10)  # the oldest arrived at 0 s
+    got = sched.enqueue(req("a10", "rag", "a", arrival=9.0), 9.0, drain_rate=1.0)
+    assert got == Rejection("target_unreachable", "rag", 10, 100, 7.0, ahead=10)
+    assert sched.queued_count == 10
+
+
+def test_a_line_that_stood_sheds_until_nothing_was_shed_for_as_long() -> None:
+    """Shedding goes on after the oldest request left, and after the queue emptied (the
+    shedding itself keeps the line short while the flood goes on); it stops once 9 s
+    passed with no request shed. Then a new line must stand again first."""
+    sched = Scheduler([CHAT, STANDING_RAG])
+    fill(sched, 10)
+    assert sched.enqueue(req("x", "rag", "a", arrival=9.0), 9.0, drain_rate=1.0) is not None
+    for i in range(5):
+        sched.cancel(f"a{i}", 9.0)  # served: the oldest left arrived at 5 s
+    got = sched.enqueue(req("y", "rag", "a", arrival=10.0), 10.0, drain_rate=1.0)
+    assert got is not None and got.reason == "target_unreachable"  # 5 ahead, 5 s: late
+    # a request the line lets through (within its target) is queued while it stands
+    assert sched.enqueue(req("z", "rag", "a", arrival=10.0), 10.0, drain_rate=3.0) is None
+    for i in range(5, 10):
+        sched.cancel(f"a{i}", 10.0)
+    sched.cancel("z", 10.0)  # the queue is empty; 5 sent to the worker are unanswered
+    got = sched.enqueue(req("v", "rag", "a", arrival=18.5), 18.5, drain_rate=1.0, unanswered=5)
+    assert got is not None  # 8.5 s after the last shed: still standing, and shed again
+    quiet = 18.5 + 9.0  # no request shed since: the line no longer stands
+    assert (
+        sched.enqueue(req("u", "rag", "a", arrival=quiet), quiet, drain_rate=1.0, unanswered=5)
+        is None
+    )
+    sched.cancel("u", quiet)
+    for i in range(9):  # a new burst, seen as it comes: queued until its oldest waited 9 s
+        t = 30.0 + i
+        assert sched.enqueue(req(f"b{i}", "rag", "b", arrival=t), t, drain_rate=1.0) is None
+    assert sched.enqueue(req("w", "rag", "b", arrival=39.0), 39.0, drain_rate=1.0) is not None

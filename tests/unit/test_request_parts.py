@@ -180,6 +180,25 @@ def test_drain_rate_is_not_measured_before_enough_ends() -> None:
     assert d.measured_rate("rag", 8.0) == pytest.approx(1.0)
 
 
+def test_a_class_busy_without_a_break_is_measured_from_few_ends() -> None:
+    """RAG on a slow box finishes fewer than min_ends a window: once it has had work for
+    min_busy_s without a break, what it finished is its rate; busy for less (start-up, a
+    burst's first seconds) it is not measured yet."""
+    d = DrainRate(window_s=30, min_ends=8, min_busy_s=10)
+    d.busy("rag", 0.0, True)
+    for t in (3.0, 6.0, 9.0):
+        d.record("rag", t)
+    assert d.measured_rate("rag", 9.5) == 0.0  # busy 9.5 s
+    assert d.measured_rate("rag", 10.0) == pytest.approx(3 / 10)
+    gap = DrainRate(window_s=30, min_ends=8, min_busy_s=10)
+    gap.busy("rag", 0.0, True)
+    gap.busy("rag", 8.0, False)
+    gap.busy("rag", 9.0, True)
+    for t in (3.0, 6.0, 12.0):
+        gap.record("rag", t)
+    assert gap.measured_rate("rag", 15.0) == 0.0  # busy again only since 9 s
+
+
 def test_busy_periods_leave_the_window_and_stay_bounded() -> None:
     d = DrainRate(window_s=10, max_events=100)
     for i in range(10_000):  # short busy periods, one a second

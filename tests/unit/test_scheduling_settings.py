@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from hearthgate.gateway.scheduling import app_pacing_floor, pacing_rule
-from hearthgate.gateway.settings import load_settings
+from hearthgate.gateway.scheduling import app_pacing_floor, class_policy, pacing_rule
+from hearthgate.gateway.settings import RequestClass, load_settings
 
 WORKERS = [{"name": "w0", "url": "http://127.0.0.1:9", "models": ["m"]}]
 
@@ -101,3 +101,18 @@ def test_the_looser_gap_while_background_is_behind_is_on_by_default_or_turned_of
     assert (
         settings(prefill_fraction=None, prefill_behind_fraction=0.8).prefill_behind_gap_ms() is None
     )
+
+
+def test_a_standing_line_wait_reaches_the_class_policy_in_seconds() -> None:
+    c = RequestClass(priority=2, ttft_ms=3000, shed_late=True, shed_after_wait_ms=9000)
+    policy = class_policy("rag", c)
+    assert policy.shed_late and policy.shed_after_wait_s == pytest.approx(9.0)
+    assert class_policy("rag", RequestClass(priority=2)).shed_after_wait_s is None
+    with pytest.raises(ValueError, match="shed_after_wait_ms"):
+        RequestClass(priority=2, shed_after_wait_ms=0)
+
+
+def test_the_shipped_rag_class_sheds_once_its_line_has_stood_15_s() -> None:
+    rag = class_policy("rag", settings().classes["rag"])
+    assert rag.shed_late and rag.shed_after_wait_s == pytest.approx(15.0)
+    assert settings().classes["embed"].shed_after_wait_ms is None  # embed: at once
