@@ -21,7 +21,7 @@ from hearthgate.policies.ordering import ORDERINGS, OrderingPolicy
 from hearthgate.policies.placement import Blocked, place
 from hearthgate.policies.routing import DEFAULT_POLICY, RoutingPolicy, route
 from hearthgate.policies.shares import ShareLedger
-from hearthgate.policies.shedding import check_enqueue, check_late, line_stands
+from hearthgate.policies.shedding import StandingLine, check_enqueue, check_late
 from hearthgate.policies.types import (
     Admission,
     ClassPolicy,
@@ -120,8 +120,8 @@ class Scheduler:
         self._tenant_running: dict[str, int] = {}  # in-flight count of capped tenants
         self._ledger = ShareLedger()
         self._class_apps = ClassApps()  # which apps share each class (the per-app cap)
-        # When each class's line last stood or shed under it (shed_after_wait_s)
-        self._stood: dict[str, float] = {}
+        # Whether each class's line stands, for shedding (shed_after_wait_s)
+        self._lines = {c.name: StandingLine(c.shed_after_wait_s) for c in policies}
         self._routing = routing
 
     def _checked(
@@ -201,7 +201,11 @@ class Scheduler:
                 q.set_fair_params(params)
                 q.reconfigure(c, self._orderings[c.ordering])
             queues[c.name] = q
+        lines = {c.name: self._lines.get(c.name) or StandingLine(None) for c in policies}
+        for c in policies:
+            lines[c.name].after_s = c.shed_after_wait_s  # when it stood carries over
         self._queues = queues
+        self._lines = lines
         self._tenant_caps = caps
         self._tenant_names = frozenset(params.weights)
         running: dict[str, int] = {}
@@ -226,7 +230,7 @@ class Scheduler:
         requests of its class finished a second, plus ``service_s`` for its own prefill,
         would keep it past its first-token target (``policies.shedding.check_late``; rate
         0: unknown, never shed for that; with ``shed_after_wait_s``, only while the class's
-        line stands, ``policies.shedding.line_stands``). Ahead of it are the class's queued
+        line stands, ``policies.shedding.StandingLine``). Ahead of it are the class's queued
         requests that would go first and ``unanswered``, the class's requests already sent
         to workers whose first token (a whole answer, when not streamed) has not come: a
         class no budget holds back, such as embeddings, has its whole line waiting in the
@@ -243,12 +247,11 @@ class Scheduler:
         oldest = q.oldest()
         waited = None if oldest is None else now - oldest.arrival
         late = None
-        if line_stands(q.policy, waited, self._stood.get(req.cls), now):
+        line = self._lines[req.cls]
+        if line.stands(waited, now):
             ahead = q.ahead_of_new(req.tenant) + unanswered
             late = check_late(q.policy, ahead, drain_rate, len(q), q.tokens, service_s)
-            after = q.policy.shed_after_wait_s
-            if after is not None and (late is not None or (waited or 0.0) >= after):
-                self._stood[req.cls] = now
+            line.saw(waited, late is not None, now)
         rejection = check_enqueue(q.policy, len(q), q.tokens, req) or late
         if rejection is not None:
             return rejection

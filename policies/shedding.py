@@ -54,21 +54,40 @@ def check_late(
     )
 
 
-def line_stands(
-    policy: ClassPolicy, oldest_wait_s: float | None, last_stood_s: float | None, now: float
-) -> bool:
-    """Whether ``check_late`` may shed for the class at ``now``: always without
-    ``shed_after_wait_s``. With it, once the line has stood: the oldest request in the
-    class's queue has waited that long (work arrives faster than the box serves it, not a
-    burst it will catch up with); and from then on for as long again after the line last
-    stood or last shed a request (``last_stood_s``), so that shedding, which keeps the
-    line short, does not end itself while the flood goes on."""
-    after = policy.shed_after_wait_s
-    if after is None:
-        return True
-    if oldest_wait_s is not None and oldest_wait_s >= after:
-        return True
-    return last_stood_s is not None and now - last_stood_s < after
+class StandingLine:
+    """Whether a class's line stands, so that ``check_late`` may shed for it (the class's
+    ``shed_after_wait_s``, ``after_s`` here; None: it always stands).
+
+    The line stands once the oldest request in the class's queue has waited ``after_s``
+    (work arrives faster than the box serves it, not a burst it will catch up with); and
+    from then on until ``after_s`` passes without the line standing so or a request shed
+    under it, so that shedding, which keeps the line short, does not end itself while the
+    flood goes on. The caller asks ``stands`` for a request and then tells ``saw`` whether
+    it was shed. Pure: the caller passes the time.
+    """
+
+    __slots__ = ("after_s", "stood_at")
+
+    def __init__(self, after_s: float | None) -> None:
+        self.after_s = after_s
+        self.stood_at: float | None = None  # when it last stood or shed a request
+
+    def stands(self, oldest_wait_s: float | None, now: float) -> bool:
+        """Whether the line stands at ``now`` with the class's oldest queued request having
+        waited ``oldest_wait_s`` (None: the queue is empty)."""
+        after = self.after_s
+        if after is None:
+            return True
+        if oldest_wait_s is not None and oldest_wait_s >= after:
+            return True
+        return self.stood_at is not None and now - self.stood_at < after
+
+    def saw(self, oldest_wait_s: float | None, shed: bool, now: float) -> None:
+        """Record a request decided at ``now`` while the line stood: it stands on from now
+        if the request was shed or the oldest has waited ``after_s``."""
+        after = self.after_s
+        if after is not None and (shed or (oldest_wait_s or 0.0) >= after):
+            self.stood_at = now
 
 
 def is_expired(policy: ClassPolicy, req: QueuedRequest, now: float) -> bool:

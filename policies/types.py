@@ -89,7 +89,7 @@ class ClassPolicy:
     ``queue_timeout_s`` expires queued requests. ``shed_late``: a background class with a
     ``ttft_s`` target refuses a request whose predicted wait already exceeds it (see
     ``policies.shedding.check_late``); with ``shed_after_wait_s``, only once its line has
-    stood that long (``policies.shedding.line_stands``). ``ordering`` names the policy
+    stood that long (``policies.shedding.StandingLine``). ``ordering`` names the policy
     inside a tenant and ``fair_share`` the policy between tenants (keys of the registries
     in ``policies.ordering`` and ``policies.fairness``). ``None`` means "no limit" throughout.
     """

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hearthgate.policies import Rejection, Scheduler, TenantPolicy
+from hearthgate.policies.shedding import StandingLine
 from tests.unit.test_policies_support import (
     CHAT,
     CLASSES,
@@ -287,3 +288,37 @@ def test_a_line_that_stood_sheds_until_nothing_was_shed_for_as_long() -> None:
         t = 30.0 + i
         assert sched.enqueue(req(f"b{i}", "rag", "b", arrival=t), t, drain_rate=1.0) is None
     assert sched.enqueue(req("w", "rag", "b", arrival=39.0), 39.0, drain_rate=1.0) is not None
+
+
+def test_the_standing_rule_on_plain_values() -> None:
+    assert StandingLine(None).stands(None, 0.0)  # no rule: it always stands
+    line = StandingLine(9.0)
+    assert not line.stands(8.9, 10.0)
+    line.saw(8.9, shed=False, now=10.0)  # neither shed nor long enough: not stood
+    assert not line.stands(None, 18.0)
+    assert line.stands(9.0, 20.0)
+    line.saw(9.0, shed=False, now=20.0)  # stood by its oldest's wait
+    assert line.stands(None, 28.9) and not line.stands(None, 29.0)
+    line.saw(None, shed=True, now=28.0)  # a request shed keeps it standing
+    assert line.stands(None, 36.9) and not line.stands(1.0, 37.0)
+
+
+def test_a_reload_applies_a_new_standing_rule_to_the_queue_as_it_is() -> None:
+    sched = Scheduler([CHAT, LATE_RAG])
+    fill(sched, 10)  # arrivals 0..9 s
+    sched.reconfigure([CHAT, STANDING_RAG])
+    assert sched.enqueue(req("a10", "rag", "a", arrival=8.5), 8.5, drain_rate=1.0) is None
+    got = sched.enqueue(req("a11", "rag", "a", arrival=9.0), 9.0, drain_rate=1.0)
+    assert got is not None and got.reason == "target_unreachable"
+    sched.reconfigure([CHAT, LATE_RAG])  # and back: plain shed_late, no line to wait for
+    got = sched.enqueue(req("a12", "rag", "a", arrival=9.0), 9.0, drain_rate=1.0)
+    assert got is not None and got.reason == "target_unreachable"
+
+
+def test_a_class_added_by_a_reload_sheds_under_its_own_rule() -> None:
+    sched = Scheduler([CHAT])
+    sched.reconfigure([CHAT, STANDING_RAG])
+    fill(sched, 10)
+    assert sched.enqueue(req("a10", "rag", "a", arrival=8.5), 8.5, drain_rate=1.0) is None
+    got = sched.enqueue(req("a11", "rag", "a", arrival=9.0), 9.0, drain_rate=1.0)
+    assert got is not None and got.reason == "target_unreachable"
