@@ -90,12 +90,22 @@ def assign_cores(specs: list[Worker], cores: int = 2) -> dict[str, int]:
 # long-prefill worker keeps vLLM's default.
 GENERAL_STEP_TOKENS = 1024
 
+# vLLM runs the requests it has started first, so a long prompt in prefill takes what is
+# left of each step and a voice or chat prompt that arrives waits until it is through. With
+# --long-prefill-token-threshold one request takes at most this many prompt tokens of a
+# step while anything else runs or waits. 384 halved voice and chat first-token p99s on an
+# AVX-512 box for the same background tokens (loadtests/results/prefill-threshold.md, 3
+# rounds) and on a box without AVX-512 put more interactive requests on time in every
+# round (loadtests/results/matrix-threshold-avx2.md).
+GENERAL_PREFILL_THRESHOLD = 384
+
 
 def worker_flags(spec: Worker) -> list[str]:
     """The vLLM flags ``make run`` adds to a local worker's command line."""
     flags: list[str] = []
     if spec.role == "general":
         flags += ["--max-num-batched-tokens", str(GENERAL_STEP_TOKENS)]
+        flags += ["--long-prefill-token-threshold", str(GENERAL_PREFILL_THRESHOLD)]
     if spec.priority_scheduling:
         flags += ["--scheduling-policy", "priority"]
     return flags

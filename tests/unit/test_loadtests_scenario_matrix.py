@@ -404,10 +404,13 @@ def test_each_round_starts_with_the_next_target() -> None:
 
 
 def test_the_matrix_runs_the_gateway_in_front_of_the_worker_make_run_starts() -> None:
-    from hearthgate.deploy.run_local import GENERAL_STEP_TOKENS
+    from hearthgate.deploy.run_local import worker_flags
+    from hearthgate.gateway.settings import Worker
 
     targets = yaml.safe_load((REPO / "loadtests" / "targets" / "matrix.yaml").read_text())
     gw = next(t for t in targets["targets"] if t["name"] == "gateway-defaults")
-    assert gw["worker_args"] == ["--max-num-batched-tokens", str(GENERAL_STEP_TOKENS)]
+    general = Worker(name="gen0", url="http://127.0.0.1:8000", models=["tiny-llama"])
+    assert gw["worker_args"] == worker_flags(general)
+    assert "--long-prefill-token-threshold" in gw["worker_args"]
     vllm = next(t for t in targets["targets"] if t["name"] == "vllm-fcfs")
     assert not vllm.get("worker_args")  # vLLM alone stays at its own defaults

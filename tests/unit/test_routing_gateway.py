@@ -157,8 +157,9 @@ def test_run_local_layouts_pin_the_workers() -> None:
         ("embed", 8001, 1),
     ]
     assert split.classes == single.classes and split.apps == single.apps
-    # Shorter prefill steps on the worker voice shares (1,024 tokens, chunks.md); the
+    # Shorter prefill steps on the worker voice shares (1,024 tokens, chunks.md), at most
+    # 384 of them for one prompt while others run or wait (prefill-threshold.md); the
     # long-prefill worker keeps vLLM's default, the embeddings worker is not chunked.
-    step = ["--max-num-batched-tokens", "1024"]
+    step = ["--max-num-batched-tokens", "1024", "--long-prefill-token-threshold", "384"]
     assert [w.extra_args for w in plan_workers(split)] == [tuple(step), (), ()]
     assert plan_workers(single)[0].extra_args == tuple(step)
