@@ -201,9 +201,10 @@ class Scheduler:
                 q.set_fair_params(params)
                 q.reconfigure(c, self._orderings[c.ordering])
             queues[c.name] = q
-        lines = {c.name: self._lines.get(c.name) or StandingLine(None) for c in policies}
-        for c in policies:
-            lines[c.name].after_s = c.shed_after_wait_s  # when it stood carries over
+        lines: dict[str, StandingLine] = {}
+        for c in policies:  # when each line stood carries over; a new rule applies from now
+            line = lines[c.name] = self._lines.get(c.name) or StandingLine(None)
+            line.after_s = c.shed_after_wait_s
         self._queues = queues
         self._lines = lines
         self._tenant_caps = caps
