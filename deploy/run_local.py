@@ -31,6 +31,7 @@ from urllib.parse import urlparse
 
 import yaml
 
+from hearthgate.deploy import box
 from hearthgate.deploy.gateway_process import free_port
 from hearthgate.deploy.redis_server import RedisServer, RedisServerError, port_free
 from hearthgate.deploy.vllm_worker import (
@@ -93,19 +94,32 @@ GENERAL_STEP_TOKENS = 1024
 # vLLM runs the requests it has started first, so a long prompt in prefill takes what is
 # left of each step and a voice or chat prompt that arrives waits until it is through. With
 # --long-prefill-token-threshold one request takes at most this many prompt tokens of a
-# step while anything else runs or waits. 384 halved voice and chat first-token p99s on an
-# AVX-512 box for the same background tokens (loadtests/results/prefill-threshold.md, 3
-# rounds) and on a box without AVX-512 put more interactive requests on time in every
-# round (loadtests/results/matrix-threshold-avx2.md).
-GENERAL_PREFILL_THRESHOLD = 384
+# step while anything else runs or waits, so the step a voice prompt waits behind is short.
+# By the box, as the worker's dtype (vllm_worker.gen_dtype): with AVX-512, 384 halved voice
+# and chat first-token p99s for the same background tokens (loadtests/results/
+# prefill-threshold.md, 3 rounds). Without it the worker runs in float32 and prefilled
+# ~1,600-2,600 tokens/s in these runs, so one 384-token chunk alone took ~0.15-0.25 s of
+# voice's 300 ms first-token target; 128 put more interactive requests on time than 384 in
+# each of 3 rounds at home-mix x1 and rag-burst x1 (medians 98.2 against 88.9% and 95.5
+# against 90.1%), background 1-2% fewer tokens (loadtests/results/threshold-steps.md).
+PREFILL_THRESHOLD_AVX512 = 384
+PREFILL_THRESHOLD_AVX2 = 128
 
 
-def worker_flags(spec: Worker) -> list[str]:
-    """The vLLM flags ``make run`` adds to a local worker's command line."""
+def prefill_threshold(avx512: bool) -> int:
+    """At most this many prompt tokens of one request per step of a general worker."""
+    return PREFILL_THRESHOLD_AVX512 if avx512 else PREFILL_THRESHOLD_AVX2
+
+
+def worker_flags(spec: Worker, avx512: bool | None = None) -> list[str]:
+    """The vLLM flags ``make run`` adds to a local worker's command line on this box (or on
+    one with or without AVX-512)."""
     flags: list[str] = []
     if spec.role == "general":
+        if avx512 is None:
+            avx512 = bool(box.describe()["avx512"])
         flags += ["--max-num-batched-tokens", str(GENERAL_STEP_TOKENS)]
-        flags += ["--long-prefill-token-threshold", str(GENERAL_PREFILL_THRESHOLD)]
+        flags += ["--long-prefill-token-threshold", str(prefill_threshold(avx512))]
     if spec.priority_scheduling:
         flags += ["--scheduling-policy", "priority"]
     return flags

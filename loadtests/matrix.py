@@ -169,7 +169,7 @@ def target_info(spec: TargetSpec, rnd: int) -> dict[str, object]:
     return {
         "kind": spec.kind,
         "describe": spec.description or spec.describe(),
-        "worker_args": list(spec.worker_args),
+        "worker_args": spec.make_run_args() + list(spec.worker_args),
         "send_priority": spec.send_priority,
         "round": rnd + 1,
         **(

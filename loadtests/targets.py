@@ -33,6 +33,8 @@ from typing import Any, Literal, Protocol
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from hearthgate.deploy.run_local import worker_flags
+from hearthgate.gateway.settings import Worker as SettingsWorker
 from hearthgate.loadtests.runner import Endpoints
 from hearthgate.loadtests.scenario import format_validation_error
 
@@ -75,6 +77,10 @@ class TargetSpec(_Model):
     kind: Literal["vllm", "gateway", "url"]
     description: str = ""
     worker_args: list[str] = []
+    # The generation workers start with the flags `make run` gives a general worker on this
+    # box (deploy/run_local.py `worker_flags`, which depend on the CPU) ahead of
+    # `worker_args`, so a target follows the shipped worker on whatever box it runs on.
+    make_run_flags: bool = False
     embed_worker_args: list[str] = []
     # per generation worker (by name): flags, and for gateway targets role and limits
     workers: dict[str, TargetWorker] = {}
@@ -106,8 +112,8 @@ class TargetSpec(_Model):
             raise ValueError(
                 "`config`, `settings`, `command` and `gateway_per_point` are only for kind gateway"
             )
-        if self.kind == "url" and self.workers:
-            raise ValueError("`workers` is not for kind url")
+        if self.kind == "url" and (self.workers or self.make_run_flags):
+            raise ValueError("`workers` and `make_run_flags` are not for kind url")
         if self.kind != "gateway":
             odd = sorted(
                 n for n, w in self.workers.items() if w.role != "general" or w.limits is not None
@@ -121,12 +127,20 @@ class TargetSpec(_Model):
     def args_for(self, worker: str) -> list[str]:
         """The vLLM flags of generation worker `worker` for this target."""
         own = self.workers.get(worker)
-        return list(self.worker_args if own is None or own.worker_args is None else own.worker_args)
+        args = self.worker_args if own is None or own.worker_args is None else own.worker_args
+        return self.make_run_args("general" if own is None else own.role) + list(args)
+
+    def make_run_args(self, role: Literal["general", "long_prefill"] = "general") -> list[str]:
+        """The flags `make run` gives a worker of `role` on this box, if `make_run_flags`."""
+        if not self.make_run_flags:
+            return []
+        url = "http://127.0.0.1:8000"
+        return worker_flags(SettingsWorker(name="w", url=url, models=["m"], role=role))
 
     def describe(self) -> str:
         if self.kind == "url":
             return f"url {self.url}"
-        flags = " ".join(self.worker_args) or "default flags"
+        flags = " ".join(self.make_run_args() + self.worker_args) or "default flags"
         prio = ", client sends priorities" if self.send_priority else ""
         front = "hearthgate in front of " if self.kind == "gateway" else ""
         per = "; ".join(

@@ -363,6 +363,36 @@ def test_per_worker_flags_roles_and_limits() -> None:
     assert "gen1: long_prefill --scheduling-policy priority" in tf.targets[1].describe()
 
 
+def test_a_target_can_start_its_workers_as_make_run_does_on_this_box() -> None:
+    from hearthgate.deploy.run_local import worker_flags
+
+    general = Settings.model_validate(
+        {"workers": [{"name": "g", "url": "http://127.0.0.1:8000", "models": ["m"]}]}
+    ).workers[0]
+    shipped = worker_flags(general)
+    tf = TargetsFile.model_validate(
+        {
+            "gen_workers": [{"port": 18210, "core": 0}, {"port": 18212, "core": 1}],
+            "targets": [
+                {
+                    "name": "gw",
+                    "kind": "gateway",
+                    "make_run_flags": True,
+                    "worker_args": ["--max-num-seqs", "64"],
+                    "workers": {"gen1": {"worker_args": [], "role": "long_prefill"}},
+                },
+            ],
+        }
+    )
+    gw = tf.targets[0]
+    assert gw.args_for("gen0") == [*shipped, "--max-num-seqs", "64"]
+    assert gw.args_for("gen1") == []  # make run's long-prefill worker: vLLM's defaults
+    assert target_info(gw, 0)["worker_args"] == [*shipped, "--max-num-seqs", "64"]
+    assert " ".join(shipped) in gw.describe()
+    with pytest.raises(ValueError, match="not for kind url"):
+        TargetSpec(name="u", kind="url", url="http://x", make_run_flags=True)
+
+
 # ---------------------------------------------------------------- round-robin
 
 

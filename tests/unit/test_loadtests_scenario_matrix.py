@@ -21,6 +21,7 @@ from hearthgate.loadtests.scenario_matrix import (
     load_points,
     render_markdown,
 )
+from hearthgate.loadtests.targets import load_targets
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "loadtests" / "targets" / "matrix-points.yaml"
@@ -407,10 +408,11 @@ def test_the_matrix_runs_the_gateway_in_front_of_the_worker_make_run_starts() ->
     from hearthgate.deploy.run_local import worker_flags
     from hearthgate.gateway.settings import Worker
 
-    targets = yaml.safe_load((REPO / "loadtests" / "targets" / "matrix.yaml").read_text())
-    gw = next(t for t in targets["targets"] if t["name"] == "gateway-defaults")
+    spec = load_targets(REPO / "loadtests" / "targets" / "matrix.yaml")
+    gw = next(t for t in spec.targets if t.name == "gateway-defaults")
     general = Worker(name="gen0", url="http://127.0.0.1:8000", models=["tiny-llama"])
-    assert gw["worker_args"] == worker_flags(general)
-    assert "--long-prefill-token-threshold" in gw["worker_args"]
-    vllm = next(t for t in targets["targets"] if t["name"] == "vllm-fcfs")
-    assert not vllm.get("worker_args")  # vLLM alone stays at its own defaults
+    assert gw.args_for("gen0") == worker_flags(general)  # on whatever box this runs
+    assert "--long-prefill-token-threshold" in gw.args_for("gen0")
+    assert gw.describe() == f"hearthgate in front of vLLM ({' '.join(worker_flags(general))})"
+    vllm = next(t for t in spec.targets if t.name == "vllm-fcfs")
+    assert vllm.args_for("gen0") == []  # vLLM alone stays at its own defaults

@@ -137,7 +137,8 @@ def test_worker_metrics_show_role_gauges_and_counts() -> None:
 
 
 def test_run_local_layouts_pin_the_workers() -> None:
-    from hearthgate.deploy.run_local import layout_config, plan_workers
+    from hearthgate.deploy import box
+    from hearthgate.deploy.run_local import layout_config, plan_workers, prefill_threshold
 
     single = load_settings(layout_config("deploy/settings.example.yaml", "single"))
     assert [(w.kind, w.port, w.core) for w in plan_workers(single)] == [
@@ -158,8 +159,11 @@ def test_run_local_layouts_pin_the_workers() -> None:
     ]
     assert split.classes == single.classes and split.apps == single.apps
     # Shorter prefill steps on the worker voice shares (1,024 tokens, chunks.md), at most
-    # 384 of them for one prompt while others run or wait (prefill-threshold.md); the
-    # long-prefill worker keeps vLLM's default, the embeddings worker is not chunked.
-    step = ["--max-num-batched-tokens", "1024", "--long-prefill-token-threshold", "384"]
+    # 384 of them for one prompt while others run or wait with AVX-512, 128 without
+    # (prefill-threshold.md, threshold-steps.md); the long-prefill worker keeps vLLM's default,
+    # the embeddings worker is not chunked.
+    assert (prefill_threshold(True), prefill_threshold(False)) == (384, 128)
+    most = str(prefill_threshold(bool(box.describe()["avx512"])))  # this box's
+    step = ["--max-num-batched-tokens", "1024", "--long-prefill-token-threshold", most]
     assert [w.extra_args for w in plan_workers(split)] == [tuple(step), (), ()]
     assert plan_workers(single)[0].extra_args == tuple(step)
