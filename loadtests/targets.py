@@ -77,8 +77,8 @@ class TargetSpec(_Model):
     kind: Literal["vllm", "gateway", "url"]
     description: str = ""
     worker_args: list[str] = []
-    # The generation workers start with the flags `make run` gives a general worker on this
-    # box (deploy/run_local.py `worker_flags`, which depend on the CPU) ahead of
+    # Each generation worker starts with the flags `make run` gives a worker of its role on
+    # this box (deploy/run_local.py `worker_flags`, which depend on the CPU) ahead of its
     # `worker_args`, so a target follows the shipped worker on whatever box it runs on.
     make_run_flags: bool = False
     embed_worker_args: list[str] = []
