@@ -366,10 +366,11 @@ def render_markdown(summary: dict[str, Any]) -> str:
     lines = [
         "# Scenario matrix",
         "",
-        f"Medians of {summary['rounds']} round(s), targets interleaved round by round. Each "
-        "cell: interactive attainment / background output tok/s / chat TPOT p50; for a point "
-        "with a light app (noisy neighbour): its attainment / the other apps' output tok/s / "
-        "its TTFT p99. " + box.line(summary.get("box")),
+        f"{summary['rounds']} round(s), targets interleaved round by round. Each cell: "
+        "interactive attainment (pooled: on-target requests over all requests of the rounds) / "
+        "background output tok/s / chat TPOT p50 (medians of the rounds); for a point with a "
+        "light app (noisy neighbour): its attainment (pooled) / the other apps' output tok/s / "
+        "its TTFT p99 (medians). " + box.line(summary.get("box")),
         "",
         *_table(["point", *names, *(f"{g}: targets" for g in gateways)], rows),
         "| target | description |",
