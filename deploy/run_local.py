@@ -111,15 +111,13 @@ def prefill_threshold(avx512: bool) -> int:
     return PREFILL_THRESHOLD_AVX512 if avx512 else PREFILL_THRESHOLD_AVX2
 
 
-def worker_flags(spec: Worker, avx512: bool | None = None) -> list[str]:
-    """The vLLM flags ``make run`` adds to a local worker's command line on this box (or on
-    one with or without AVX-512)."""
+def worker_flags(spec: Worker) -> list[str]:
+    """The vLLM flags ``make run`` adds to a local worker's command line on this box."""
     flags: list[str] = []
     if spec.role == "general":
-        if avx512 is None:
-            avx512 = bool(box.describe()["avx512"])
+        threshold = prefill_threshold(bool(box.describe()["avx512"]))
         flags += ["--max-num-batched-tokens", str(GENERAL_STEP_TOKENS)]
-        flags += ["--long-prefill-token-threshold", str(prefill_threshold(avx512))]
+        flags += ["--long-prefill-token-threshold", str(threshold)]
     if spec.priority_scheduling:
         flags += ["--scheduling-policy", "priority"]
     return flags
