@@ -41,6 +41,7 @@ from hearthgate.loadtests.markdown import _fmt, _table
 from hearthgate.loadtests.matrix import Cell, Options, run_matrix
 from hearthgate.loadtests.prompts import Calibration
 from hearthgate.loadtests.records import write_jsonl
+from hearthgate.loadtests.repeats import median_of
 from hearthgate.loadtests.scenario import Scenario, ScenarioError, load_scenario
 from hearthgate.loadtests.sweep import point_stats
 
@@ -148,9 +149,21 @@ def _light(stats: dict[str, Any], app: str) -> dict[str, Any] | None:
     return next(iter(classes.values())) if len(classes) == 1 else None
 
 
+def _median(stats: dict[str, Any] | None, key: str) -> float | None:
+    """A share judged as the issue asks, the median of the rounds (``key + "_runs"``); a
+    summary from before the runs were kept gives its one (pooled) value."""
+    if stats is None:
+        return None
+    runs = stats.get(f"{key}_runs")
+    return median_of(runs) if runs else stats.get(key)
+
+
 def _attainment(stats: dict[str, Any], cls: str) -> float | None:
-    a = stats.get("classes", {}).get(cls, {}).get("attainment")
-    return None if a is None else float(a)
+    return _median(stats.get("classes", {}).get(cls), "attainment")
+
+
+def _inter(stats: dict[str, Any]) -> float | None:
+    return _median(stats, "interactive_attainment")
 
 
 def _recorder(
@@ -187,7 +200,7 @@ def judge(
     )
     # "Wherever vLLM alone is loaded": vLLM at default flags misses interactive work here.
     fcfs = cells.get(default) if default else None
-    loaded = fcfs is None or (fcfs["interactive_attainment"] or 0.0) < ATTAINMENT
+    loaded = fcfs is None or (_inter(fcfs) or 0.0) < ATTAINMENT
     out: dict[str, list[dict[str, Any]]] = {}
     for g in gateways:
         got = cells.get(g)
@@ -197,7 +210,7 @@ def judge(
         check = _recorder(checks)
 
         if point.light_app is None:
-            att = got["interactive_attainment"]
+            att = _inter(got)
             check(
                 "interactive attainment",
                 att,
@@ -208,7 +221,7 @@ def judge(
             # The flooding app asks for more than any box serves (that is the scenario):
             # "interactive work within its targets" is the light app's.
             light_now = _light(got, point.light_app)
-            att = None if light_now is None else light_now.get("attainment")
+            att = _median(light_now, "attainment")
             name = f"{point.light_app} attainment"
             check(name, att, ATTAINMENT, None if att is None else att >= ATTAINMENT)
         if embed_classes:
@@ -220,7 +233,7 @@ def judge(
                     a
                     for v in vllm
                     if v in cells
-                    and (cells[v]["interactive_attainment"] or 0.0) >= VLLM_HOLDS
+                    and (_inter(cells[v]) or 0.0) >= VLLM_HOLDS
                     and (a := _attainment(cells[v], cls)) is not None
                 ]
                 ebound = None if not held else BACKGROUND_VS_BEST * max(held)
@@ -231,7 +244,7 @@ def judge(
             holding = [
                 cells[v]["background_output_tokens_per_s"] or 0.0
                 for v in vllm
-                if v in cells and (cells[v]["interactive_attainment"] or 0.0) >= VLLM_HOLDS
+                if v in cells and (_inter(cells[v]) or 0.0) >= VLLM_HOLDS
             ]
             if holding:
                 best = BACKGROUND_VS_BEST * max(holding)
@@ -311,13 +324,27 @@ def matrix_summary(
         "targets": targets,
         "cells": cells,
         "verdicts": verdicts,
+        "attainment_judged": "median",  # of the rounds; summaries without it judged pooled
         "all_hold": all(
             c["ok"] is True for v in verdicts.values() for checks in v.values() for c in checks
         ),
     }
 
 
-def _cell(stats: dict[str, Any] | None, point: dict[str, Any]) -> str:
+def _share(stats: dict[str, Any], key: str, median: bool) -> str:
+    """A share as it was judged: the median of the rounds with their range (or, for a
+    summary judged before medians, the value pooled over the rounds)."""
+    if not median:
+        return _fmt(stats.get(key), "pct")
+    value = _median(stats, key)
+    if value is None:
+        return "-"
+    runs = [float(r) for r in stats.get(f"{key}_runs") or [] if r is not None]
+    spread = f" ({100 * min(runs):.1f}-{100 * max(runs):.1f})" if len(set(runs)) > 1 else ""
+    return f"{100 * value:.1f}%{spread}"
+
+
+def _cell(stats: dict[str, Any] | None, point: dict[str, Any], median: bool = False) -> str:
     if stats is None:
         return "-"
     light_app: str | None = point.get("light_app")
@@ -329,11 +356,11 @@ def _cell(stats: dict[str, Any] | None, point: dict[str, Any]) -> str:
         heavy = float(sum(f.get("output_tokens_per_s") or 0.0 for f in others))
         p99 = light.get("ttft_p99_s")
         tail = "-" if p99 is None else f"{p99 * 1000:.0f} ms"
-        return f"{_fmt(light.get('attainment'), 'pct')} / {_fmt(heavy)} / {tail}"
-    att = _fmt(stats["interactive_attainment"], "pct")
+        return f"{_share(light, 'attainment', median)} / {_fmt(heavy)} / {tail}"
+    att = _share(stats, "interactive_attainment", median)
     bg = _fmt(stats["background_output_tokens_per_s"])
     quiet = [  # classes answered without output tokens (embeddings): their share on target
-        f"{name} {_fmt(c['attainment'], 'pct')} on target"
+        f"{name} {_share(c, 'attainment', median)} on target"
         for name, c in stats["classes"].items()
         if not c.get("output_tokens_per_s") and c.get("attainment") is not None
     ]
@@ -355,22 +382,28 @@ def _verdict(checks: list[dict[str, Any]]) -> str:
 def render_markdown(summary: dict[str, Any]) -> str:
     names = list(summary["targets"])
     gateways = [n for n in names if summary["targets"][n].get("kind") == "gateway"]
+    median = summary.get("attainment_judged") == "median"
     rows = []
     for pt in summary["points"]:
         cells = summary["cells"].get(pt["name"], {})
         verdicts = summary["verdicts"].get(pt["name"], {})
         rows.append(
-            [pt["name"], *(_cell(cells.get(n), pt) for n in names)]
+            [pt["name"], *(_cell(cells.get(n), pt, median) for n in names)]
             + [_verdict(verdicts.get(g, [])) for g in gateways]
         )
+    share = (
+        "median of the rounds, their range in brackets"
+        if median
+        else "pooled: on-target requests over all requests of the rounds"
+    )
     lines = [
         "# Scenario matrix",
         "",
         f"{summary['rounds']} round(s), targets interleaved round by round. Each cell: "
-        "interactive attainment (pooled: on-target requests over all requests of the rounds) / "
-        "background output tok/s / chat TPOT p50 (medians of the rounds); for a point with a "
-        "light app (noisy neighbour): its attainment (pooled) / the other apps' output tok/s / "
-        "its TTFT p99 (medians). " + box.line(summary.get("box")),
+        f"interactive attainment ({share}) / background output tok/s / chat TPOT p50 "
+        "(medians of the rounds); for a point with a light app (noisy neighbour): its "
+        "attainment (as the others) / the other apps' output tok/s / its TTFT p99 (medians). "
+        "The checks judge these same values. " + box.line(summary.get("box")),
         "",
         *_table(["point", *names, *(f"{g}: targets" for g in gateways)], rows),
         "| target | description |",
