@@ -424,6 +424,12 @@ class AdmissionController:
         if self.paced.active:
             self.paced.update(now, self.scheduler.worker_usage(), self._background_behind(now))
         self._release_due()
+        # A standing line's backlog is told now, not after minutes in the queue.
+        trimmed = self.scheduler.trim(
+            now, lambda cls: self.drain.measured_rate(cls, now), self._unanswered
+        )
+        for req, rejection in trimmed:
+            self._fail(req, self._shed(rejection, now), rejection.reason)
         for req in self.scheduler.expire(now):
             depth = self.scheduler.queue_stats()[req.cls].depth
             self._fail(

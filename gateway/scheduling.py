@@ -28,6 +28,7 @@ def class_policy(name: str, c: RequestClass) -> ClassPolicy:
         queue_timeout_s=_ms(c.queue_timeout_ms),
         shed_late=c.shed_late,
         shed_after_wait_s=_ms(c.shed_after_wait_ms),
+        shed_queued=c.shed_queued,
         ordering=c.ordering,
         fair_share=c.fair_share,
     )

@@ -227,6 +227,11 @@ class RequestClass(_Strict):
     # (5x its target): in the recent matrices on the AVX-512 boxes RAG's queue wait p99
     # was at most 8.4 s in bursts (rag-burst x3) and 23-32 s under a flood (home-mix x10).
     shed_after_wait_ms: float | None = Field(None, gt=0)
+    # With shed_after_wait_ms: once the line stands, also answer 429 (Retry-After as above)
+    # to the queued requests that would wait shed_after_wait_ms again, newest first: the
+    # backlog that piled up before the line stood (false: they wait their turn, which on a
+    # box too slow for the load took up to 300 s: loadtests/results/matrix-avx2.md).
+    shed_queued: bool = True
     ordering: Literal["fcfs", "edf"] = "fcfs"
     fair_share: Literal["vtc", "fcfs"] = "vtc"
     # This class's own first-byte limit (null: upstream.first_byte_timeout_s).

@@ -151,6 +151,10 @@ class ClassQueue:
         """The queued request with the earliest arrival (then id), or None."""
         return self._by_arrival[0] if self._by_arrival else None
 
+    def newest(self, keep: int) -> list[QueuedRequest]:
+        """The queued requests after the ``keep`` oldest, in arrival order."""
+        return list(self._by_arrival[keep:])
+
     def expired(self, now: float) -> list[QueuedRequest]:
         """Queued requests whose wait reached the class's queue timeout, oldest first."""
         out: list[QueuedRequest] = []

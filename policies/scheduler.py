@@ -8,7 +8,7 @@ reads a clock, sleeps or does I/O, so the same event log always gives the same d
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hearthgate.policies.bands import Backlog, precedence
@@ -21,7 +21,13 @@ from hearthgate.policies.ordering import ORDERINGS, OrderingPolicy
 from hearthgate.policies.placement import Blocked, place
 from hearthgate.policies.routing import DEFAULT_POLICY, RoutingPolicy, route
 from hearthgate.policies.shares import ShareLedger
-from hearthgate.policies.shedding import StandingLine, check_enqueue, check_late
+from hearthgate.policies.shedding import (
+    StandingLine,
+    check_enqueue,
+    check_late,
+    line_keeps,
+    queued_retry_after,
+)
 from hearthgate.policies.types import (
     Admission,
     ClassPolicy,
@@ -276,6 +282,42 @@ class Scheduler:
                 self._drop(req.id)
                 out.append(req)
         out.sort(key=lambda r: (r.arrival, r.id))
+        return out
+
+    def trim(
+        self,
+        now: float,
+        drain_rate: Callable[[str], float],
+        unanswered: Mapping[str, int],
+    ) -> list[tuple[QueuedRequest, Rejection]]:
+        """Remove and return, each with why, the queued requests of every class whose line
+        stands that it no longer keeps (``policies.shedding.line_keeps``: they would wait
+        ``shed_after_wait_s`` again), newest first. ``drain_rate``: a class's requests
+        finished a second; ``unanswered``: its requests sent to workers and not yet
+        answered, ahead of every queued one."""
+        out: list[tuple[QueuedRequest, Rejection]] = []
+        for name, q in self._queues.items():
+            oldest = q.oldest()
+            if oldest is None or q.policy.shed_after_wait_s is None:
+                continue
+            line = self._lines[name]
+            waited = now - oldest.arrival
+            if not line.stands(waited, now):
+                continue
+            rate = drain_rate(name)
+            sent = unanswered.get(name, 0)
+            keep = line_keeps(q.policy, rate, sent)
+            if keep is None or keep >= len(q):
+                continue
+            tail = list(enumerate(q.newest(keep), start=keep + sent))
+            for _, req in tail:
+                self._drop(req.id)
+            for ahead, req in reversed(tail):
+                retry = queued_retry_after(q.policy, ahead, rate)
+                out.append(
+                    (req, Rejection("target_unreachable", name, len(q), q.tokens, retry, ahead))
+                )
+            line.saw(waited, True, now)
         return out
 
     def _drop(self, req_id: str) -> QueuedRequest | None:

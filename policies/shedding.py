@@ -3,6 +3,8 @@ background requests that could no longer meet their class's first-token target."
 
 from __future__ import annotations
 
+import math
+
 from hearthgate.policies.types import ClassPolicy, QueuedRequest, Rejection
 
 
@@ -52,6 +54,30 @@ def check_late(
     return Rejection(
         "target_unreachable", policy.name, queued, queued_tokens, max(1.0, ttft - target), ahead
     )
+
+
+def line_keeps(policy: ClassPolicy, drain_rate: float, unanswered: int) -> int | None:
+    """How many of a standing line's queued requests, oldest first, keep their place: those
+    that would reach a worker within the class's ``shed_after_wait_s`` at ``drain_rate``
+    requests a second, behind its ``unanswered`` requests already sent (at least the oldest
+    one, so the worker always has the class's next request at hand). The rest, a backlog
+    that piled up before the line stood, would wait that long again for a first token
+    already late: they are better told now (``queued_retry_after``). None: the class does
+    not shed queued requests (no ``shed_late`` with ``shed_after_wait_s`` and
+    ``shed_queued``, interactive, or no measured drain rate yet)."""
+    after = policy.shed_after_wait_s
+    if not (policy.shed_late and policy.shed_queued) or policy.interactive or after is None:
+        return None
+    if policy.ttft_s is None or drain_rate <= 0:
+        return None
+    return max(1, math.floor(drain_rate * after) - unanswered + 1)
+
+
+def queued_retry_after(policy: ClassPolicy, ahead: int, drain_rate: float) -> float:
+    """The wait to suggest to a queued request refused with ``ahead`` requests before it:
+    until the line has drained to where it could meet its first-token target (as
+    ``check_late``), at least 1 s."""
+    return max(1.0, ahead / drain_rate - (policy.ttft_s or 0.0))
 
 
 class StandingLine:

@@ -89,7 +89,9 @@ class ClassPolicy:
     ``queue_timeout_s`` expires queued requests. ``shed_late``: a background class with a
     ``ttft_s`` target refuses a request whose predicted wait already exceeds it (see
     ``policies.shedding.check_late``); with ``shed_after_wait_s``, only once its line has
-    stood that long (``policies.shedding.StandingLine``). ``ordering`` names the policy
+    stood that long (``policies.shedding.StandingLine``), and then ``shed_queued`` also
+    refuses the queued requests that would wait that long again (``policies.shedding.
+    line_keeps``: a backlog built before the line stood). ``ordering`` names the policy
     inside a tenant and ``fair_share`` the policy between tenants (keys of the registries
     in ``policies.ordering`` and ``policies.fairness``). ``None`` means "no limit" throughout.
     """
@@ -108,6 +110,7 @@ class ClassPolicy:
     fair_share: str = "vtc"
     shed_late: bool = False
     shed_after_wait_s: float | None = None
+    shed_queued: bool = True
 
     def __post_init__(self) -> None:
         n = self.name

@@ -263,6 +263,45 @@ async def test_late_shedding_is_a_429_with_the_wait_the_drain_rate_justifies() -
         w.cancel()
 
 
+async def test_a_standing_lines_backlog_is_told_429_by_the_ticker() -> None:
+    """Requests queued before the line stood and that would wait its 15 s again get the
+    same 429 and justified Retry-After as a late arrival, from the ticker; the oldest stay
+    queued and are admitted in turn."""
+    clock = Clock()
+    rag = ClassPolicy("rag", 2, ttft_s=3.0, shed_late=True, shed_after_wait_s=15.0)
+    sched = Scheduler([rag])
+    snaps = [WorkerSnapshot("w0", limits=WorkerBudget(max_in_flight=1))]
+    ctl = AdmissionController(sched, lambda: snaps, clock=clock)
+    ctl.drain.busy("rag", clock() - 30, True)
+    for i in range(30):  # 1 request a second
+        ctl.drain.record("rag", clock() - i)
+    running = await ctl.admit(QueuedRequest("r0", "rag", "app", clock(), 2, 10, 5))
+    waiters = [
+        asyncio.create_task(ctl.admit(QueuedRequest(f"r{i:02}", "rag", "app", clock(), 2, 10, 5)))
+        for i in range(1, 21)  # one arrival time: the ids order them
+    ]
+    await until(lambda: ctl.waiting == 20)
+    ctl.tick()
+    assert ctl.waiting == 20  # nobody has waited 15 s yet
+    clock.t += 15.0  # (no request finished meanwhile: still ~1 a second over the window)
+    rate = ctl.drain.measured_rate("rag", clock())
+    ctl.tick()
+    keep = int(rate * 15.0)  # r0 unanswered ahead of them all
+    assert 0 < keep < 20
+    await until(lambda: ctl.waiting == keep)
+    told = [w for w in waiters if w.done()]
+    assert told == waiters[keep:]  # the newest
+    for w in told:
+        err = w.exception()
+        assert isinstance(err, RateLimited) and err.code == "target_unreachable"
+        assert err.retry_after_s is not None and err.retry_after_s >= 1
+    assert all(not w.done() for w in waiters[:keep])  # the oldest keep their place
+    running.finish(10, 5)
+    await asyncio.wait_for(waiters[0], 1)
+    for w in waiters:
+        w.cancel()
+
+
 async def test_late_shedding_counts_the_line_waiting_in_the_worker() -> None:
     """Embeddings have no budget on their worker: every request is sent at once and the
     line waits inside vLLM, not in the gateway's queue. Requests sent and not yet answered

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hearthgate.policies import Rejection, Scheduler, TenantPolicy
-from hearthgate.policies.shedding import StandingLine
+from hearthgate.policies.shedding import StandingLine, line_keeps
 from tests.unit.test_policies_support import (
     CHAT,
     CLASSES,
@@ -288,6 +288,57 @@ def test_a_line_that_stood_sheds_until_nothing_was_shed_for_as_long() -> None:
         t = 30.0 + i
         assert sched.enqueue(req(f"b{i}", "rag", "b", arrival=t), t, drain_rate=1.0) is None
     assert sched.enqueue(req("w", "rag", "b", arrival=39.0), 39.0, drain_rate=1.0) is not None
+
+
+def test_a_standing_line_tells_the_backlog_that_would_wait_as_long_again() -> None:
+    """A flood queued 20 requests before its line stood (arrivals 0..19 s; the rule waits
+    9 s). Once the oldest has waited 9 s, at 1 request a second with 2 sent to the worker
+    and unanswered, the 8 oldest (2 to 9 ahead of them) would reach a worker within 9 s and
+    keep their place; the 12 newer ones are told now, newest first, each with the wait
+    until it could meet its 3 s target (the 21 ahead of the newest: 18 s)."""
+    sched = Scheduler([CHAT, STANDING_RAG])
+    fill(sched, 20)
+    fill(sched, 3, tenant="c", cls="chat")  # interactive: never told so
+
+    def rate(cls: str) -> float:
+        return 1.0
+
+    assert sched.trim(8.9, rate, {"rag": 2}) == []  # the oldest waited 8.9 s: not yet
+    got = sched.trim(9.0, rate, {"rag": 2})
+    assert [r.id for r, _ in got] == [f"a{i}" for i in range(19, 7, -1)]
+    assert got[0][1] == Rejection("target_unreachable", "rag", 8, 80, 18.0, ahead=21)
+    assert got[-1][1].retry_after_s == pytest.approx(7.0) and got[-1][1].ahead == 10
+    assert sched.queued_count == 8 + 3 and all(sched.is_queued(f"a{i}") for i in range(8))
+    assert sched.trim(9.5, rate, {"rag": 2}) == []  # what is left is within its wait
+    # the line stands on: a new arrival that would be late is refused at the door
+    got_new = sched.enqueue(req("n", "rag", "a", arrival=9.5), 9.5, drain_rate=1.0)
+    assert got_new is not None and got_new.reason == "target_unreachable"
+
+
+@pytest.mark.parametrize(
+    ("policy", "rate"),
+    [
+        (with_(STANDING_RAG, shed_queued=False), 1.0),  # switched off
+        (LATE_RAG, 1.0),  # no standing rule: late ones are refused at the door instead
+        (STANDING_RAG, 0.0),  # no drain rate measured yet: nothing to judge a wait by
+    ],
+)
+def test_a_backlog_is_kept_without_a_standing_rule_or_a_drain_rate(
+    policy: Any, rate: float
+) -> None:
+    sched = Scheduler([CHAT, policy])
+    fill(sched, 20)
+    assert sched.trim(30.0, lambda cls: rate, {}) == []
+    assert sched.queued_count == 20
+
+
+def test_how_many_of_a_standing_line_keep_their_place() -> None:
+    assert line_keeps(STANDING_RAG, 1.0, 2) == 8  # ahead 2..9: within 9 s at 1/s
+    assert line_keeps(STANDING_RAG, 2.5, 0) == 23  # floor(22.5) + the head itself
+    assert line_keeps(STANDING_RAG, 0.05, 5) == 1  # the head always stays
+    assert line_keeps(STANDING_RAG, 0.0, 0) is None
+    assert line_keeps(with_(STANDING_RAG, interactive=True), 1.0, 0) is None
+    assert line_keeps(with_(STANDING_RAG, ttft_s=None), 1.0, 0) is None
 
 
 def test_the_standing_rule_on_plain_values() -> None:
