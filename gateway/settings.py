@@ -229,9 +229,11 @@ class RequestClass(_Strict):
     shed_after_wait_ms: float | None = Field(None, gt=0)
     # With shed_after_wait_ms: once the line stands, also answer 429 (Retry-After as above)
     # to the queued requests that would wait shed_after_wait_ms again, newest first: the
-    # backlog that piled up before the line stood (false: they wait their turn, which on a
-    # box too slow for the load took up to 300 s: loadtests/results/matrix-avx2.md).
-    shed_queued: bool = True
+    # backlog that piled up before the line stood, which otherwise waits its turn (up to
+    # 300 s on a box too slow for its load: loadtests/results/matrix-avx2.md). Off until
+    # measured over three rounds: one round cut RAG's waits from minutes to seconds but
+    # left the rest unclear (loadtests/results/shed-queued.md).
+    shed_queued: bool = False
     ordering: Literal["fcfs", "edf"] = "fcfs"
     fair_share: Literal["vtc", "fcfs"] = "vtc"
     # This class's own first-byte limit (null: upstream.first_byte_timeout_s).

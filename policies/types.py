@@ -110,7 +110,7 @@ class ClassPolicy:
     fair_share: str = "vtc"
     shed_late: bool = False
     shed_after_wait_s: float | None = None
-    shed_queued: bool = True
+    shed_queued: bool = False
 
     def __post_init__(self) -> None:
         n = self.name

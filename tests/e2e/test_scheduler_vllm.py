@@ -219,10 +219,16 @@ def test_a_rag_flood_is_queued_until_its_line_stands_then_told_early(workers: Wo
     rate already measured, the flood's first requests still wait in the gateway; only once
     the oldest has waited ``shed_after_wait_ms`` (2 s here; 15 s as shipped) are later
     arrivals that would miss the 1 s target told 429 ``target_unreachable`` with a
-    Retry-After, at once, and so are the queued ones that would wait 2 s again
-    (``shed_queued``), then and there rather than after their wait. Nothing else happens to
+    Retry-After, at once, and with ``shed_queued`` so are the queued ones that would wait
+    2 s again, then and there rather than after their wait. Nothing else happens to
     any request."""
-    rag = {"in_flight": 1, "ttft_ms": 1000, "shed_late": True, "shed_after_wait_ms": 2000}
+    rag = {
+        "in_flight": 1,
+        "ttft_ms": 1000,
+        "shed_late": True,
+        "shed_after_wait_ms": 2000,
+        "shed_queued": True,
+    }
     with gateway(settings(workers, **rag), name="e2e-standing") as url:
 
         async def flood() -> list[tuple[float, float, httpx.Response]]:

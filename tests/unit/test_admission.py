@@ -268,7 +268,9 @@ async def test_a_standing_lines_backlog_is_told_429_by_the_ticker() -> None:
     same 429 and justified Retry-After as a late arrival, from the ticker; the oldest stay
     queued and are admitted in turn."""
     clock = Clock()
-    rag = ClassPolicy("rag", 2, ttft_s=3.0, shed_late=True, shed_after_wait_s=15.0)
+    rag = ClassPolicy(
+        "rag", 2, ttft_s=3.0, shed_late=True, shed_after_wait_s=15.0, shed_queued=True
+    )
     sched = Scheduler([rag])
     snaps = [WorkerSnapshot("w0", limits=WorkerBudget(max_in_flight=1))]
     ctl = AdmissionController(sched, lambda: snaps, clock=clock)

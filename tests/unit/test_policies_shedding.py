@@ -290,13 +290,16 @@ def test_a_line_that_stood_sheds_until_nothing_was_shed_for_as_long() -> None:
     assert sched.enqueue(req("w", "rag", "b", arrival=39.0), 39.0, drain_rate=1.0) is not None
 
 
+TOLD_RAG = with_(STANDING_RAG, shed_queued=True)
+
+
 def test_a_standing_line_tells_the_backlog_that_would_wait_as_long_again() -> None:
     """A flood queued 20 requests before its line stood (arrivals 0..19 s; the rule waits
     9 s). Once the oldest has waited 9 s, at 1 request a second with 2 sent to the worker
     and unanswered, the 8 oldest (2 to 9 ahead of them) would reach a worker within 9 s and
     keep their place; the 12 newer ones are told now, newest first, each with the wait
     until it could meet its 3 s target (the 21 ahead of the newest: 18 s)."""
-    sched = Scheduler([CHAT, STANDING_RAG])
+    sched = Scheduler([CHAT, TOLD_RAG])
     fill(sched, 20)
     fill(sched, 3, tenant="c", cls="chat")  # interactive: never told so
 
@@ -318,9 +321,9 @@ def test_a_standing_line_tells_the_backlog_that_would_wait_as_long_again() -> No
 @pytest.mark.parametrize(
     ("policy", "rate"),
     [
-        (with_(STANDING_RAG, shed_queued=False), 1.0),  # switched off
-        (LATE_RAG, 1.0),  # no standing rule: late ones are refused at the door instead
-        (STANDING_RAG, 0.0),  # no drain rate measured yet: nothing to judge a wait by
+        (STANDING_RAG, 1.0),  # off, as shipped
+        (with_(LATE_RAG, shed_queued=True), 1.0),  # no standing rule: refused at the door
+        (TOLD_RAG, 0.0),  # no drain rate measured yet: nothing to judge a wait by
     ],
 )
 def test_a_backlog_is_kept_without_a_standing_rule_or_a_drain_rate(
@@ -333,12 +336,13 @@ def test_a_backlog_is_kept_without_a_standing_rule_or_a_drain_rate(
 
 
 def test_how_many_of_a_standing_line_keep_their_place() -> None:
-    assert line_keeps(STANDING_RAG, 1.0, 2) == 8  # ahead 2..9: within 9 s at 1/s
-    assert line_keeps(STANDING_RAG, 2.5, 0) == 23  # floor(22.5) + the head itself
-    assert line_keeps(STANDING_RAG, 0.05, 5) == 1  # the head always stays
-    assert line_keeps(STANDING_RAG, 0.0, 0) is None
-    assert line_keeps(with_(STANDING_RAG, interactive=True), 1.0, 0) is None
-    assert line_keeps(with_(STANDING_RAG, ttft_s=None), 1.0, 0) is None
+    assert line_keeps(TOLD_RAG, 1.0, 2) == 8  # ahead 2..9: within 9 s at 1/s
+    assert line_keeps(TOLD_RAG, 2.5, 0) == 23  # floor(22.5) + the head itself
+    assert line_keeps(TOLD_RAG, 0.05, 5) == 1  # the head always stays
+    assert line_keeps(TOLD_RAG, 0.0, 0) is None
+    assert line_keeps(STANDING_RAG, 1.0, 0) is None  # shed_queued off
+    assert line_keeps(with_(TOLD_RAG, interactive=True), 1.0, 0) is None
+    assert line_keeps(with_(TOLD_RAG, ttft_s=None), 1.0, 0) is None
 
 
 def test_the_standing_rule_on_plain_values() -> None:

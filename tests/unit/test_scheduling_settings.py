@@ -116,6 +116,6 @@ def test_the_shipped_rag_class_sheds_once_its_line_has_stood_15_s() -> None:
     rag = class_policy("rag", settings().classes["rag"])
     assert rag.shed_late and rag.shed_after_wait_s == pytest.approx(15.0)
     assert settings().classes["embed"].shed_after_wait_ms is None  # embed: at once
-    assert rag.shed_queued  # and its backlog told once the line stands
-    off = RequestClass(priority=2, ttft_ms=3000, shed_late=True, shed_queued=False)
-    assert not class_policy("rag", off).shed_queued
+    assert not rag.shed_queued  # its backlog is not told (measured once, not adopted)
+    on = RequestClass(priority=2, ttft_ms=3000, shed_late=True, shed_queued=True)
+    assert class_policy("rag", on).shed_queued
