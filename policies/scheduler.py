@@ -27,6 +27,7 @@ from hearthgate.policies.shedding import (
     check_late,
     line_keeps,
     queued_retry_after,
+    sheds_queued,
 )
 from hearthgate.policies.types import (
     Admission,
@@ -298,7 +299,7 @@ class Scheduler:
         out: list[tuple[QueuedRequest, Rejection]] = []
         for name, q in self._queues.items():
             oldest = q.oldest()
-            if oldest is None or q.policy.shed_after_wait_s is None:
+            if oldest is None or not sheds_queued(q.policy):  # no drain rate asked for then
                 continue
             line = self._lines[name]
             waited = now - oldest.arrival

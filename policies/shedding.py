@@ -56,6 +56,18 @@ def check_late(
     )
 
 
+def sheds_queued(policy: ClassPolicy) -> bool:
+    """Whether the class tells a standing line's backlog (``line_keeps``): ``shed_late``
+    with ``shed_after_wait_s`` and ``shed_queued``, a ``ttft_s`` target, not interactive."""
+    return (
+        policy.shed_late
+        and policy.shed_queued
+        and not policy.interactive
+        and policy.shed_after_wait_s is not None
+        and policy.ttft_s is not None
+    )
+
+
 def line_keeps(policy: ClassPolicy, drain_rate: float, unanswered: int) -> int | None:
     """How many of a standing line's queued requests, oldest first, keep their place: those
     that would reach a worker within the class's ``shed_after_wait_s`` at ``drain_rate``
@@ -66,9 +78,7 @@ def line_keeps(policy: ClassPolicy, drain_rate: float, unanswered: int) -> int |
     not shed queued requests (no ``shed_late`` with ``shed_after_wait_s`` and
     ``shed_queued``, interactive, or no measured drain rate yet)."""
     after = policy.shed_after_wait_s
-    if not (policy.shed_late and policy.shed_queued) or policy.interactive or after is None:
-        return None
-    if policy.ttft_s is None or drain_rate <= 0:
+    if not sheds_queued(policy) or after is None or drain_rate <= 0:
         return None
     return max(1, math.floor(drain_rate * after) - unanswered + 1)
 
