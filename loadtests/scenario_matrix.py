@@ -452,11 +452,13 @@ def run_matrix_command(args: argparse.Namespace) -> int:
 
     def save_round(cells: list[Cell], cal: Calibration) -> None:
         # Every run's scrapes (gateway and workers), to follow pacing and the queues over
-        # time (raw/ is not committed: .gitignore).
+        # time, and its requests, to see which ones missed and when (raw/ is not
+        # committed: .gitignore).
         last = cells[-1]
         raw.mkdir(parents=True, exist_ok=True)
         name = f"r{last.round}-{last.target}-{last.point}".replace(" ", "_")
         write_jsonl(raw / f"{name}.samples.jsonl", last.outcome.result.samples)
+        write_jsonl(raw / f"{name}.records.jsonl", last.outcome.result.records)
         # A whole round done: keep the medians so far, should the run be cut short.
         if len(cells) % per_round == 0:
             done = summarise(cells, cal, len(cells) // per_round)

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from hearthgate.loadtests.cli import build_parser
+from hearthgate.loadtests.records import read_records
 from hearthgate.loadtests.scenario import ScenarioError, load_scenario
 from hearthgate.loadtests.scenario_matrix import (
     MatrixFile,
@@ -348,7 +349,7 @@ def run_cut_short(
     import hearthgate.loadtests.scenario_matrix as sm
     from hearthgate.loadtests.matrix import Cell
     from hearthgate.loadtests.prompts import Calibration
-    from hearthgate.loadtests.records import Sample
+    from hearthgate.loadtests.records import RequestRecord, Sample
 
     partial = tmp_path / "matrix.partial.summary.json"
     seen: list[bool] = []
@@ -365,7 +366,21 @@ def run_cut_short(
                     if len(cells) == fail_at:
                         raise RuntimeError("the box went away")
                     scrape = Sample(t.name, "gateway", 1.0, {"hearthgate_queue_depth": rnd})
-                    outcome = SimpleNamespace(result=SimpleNamespace(samples=[scrape]))
+                    sent = RequestRecord(
+                        id=f"{rnd}",
+                        target=t.name,
+                        flow="chat",
+                        klass="chat",
+                        app="chatui",
+                        endpoint="/v1/chat/completions",
+                        stream=True,
+                        warmup=False,
+                        scheduled_s=float(rnd),
+                        prompt_tokens_requested=10,
+                        output_tokens_requested=5,
+                    )
+                    result = SimpleNamespace(samples=[scrape], records=[sent])
+                    outcome = SimpleNamespace(result=result)
                     cells.append(Cell(label, t.name, rnd, outcome=outcome))  # type: ignore[arg-type]
                     kw["on_cell"](cells, Calibration())
                     seen.append(partial.exists())
@@ -417,12 +432,16 @@ def test_a_finished_matrix_replaces_its_partial_summary(
     done = json.loads((out / "matrix.summary.json").read_text())
     assert done["rounds"] == 2 and all(n == 2 for _, _, n in done["runs"])
     assert (out / "matrix.md").read_text() == "table\n"
-    # Every run's scrapes, to follow pacing over time: one file per round, target and point.
-    raw = sorted(p.name for p in (out / "raw" / "matrix").iterdir())
-    assert len(raw) == 2 * 3 * 2
+    # Every run's scrapes and requests, to follow pacing over time and see which requests
+    # missed: one file of each per round, target and point.
+    folder = out / "raw" / "matrix"
+    raw = sorted(p.name for p in folder.iterdir())
+    assert len(raw) == 2 * 3 * 2 * 2
     assert "r1-gateway-defaults-home-mix_x1.samples.jsonl" in raw
-    line = json.loads((out / "raw" / "matrix" / raw[-1]).read_text().splitlines()[0])
+    line = json.loads((folder / "r1-gateway-defaults-home-mix_x1.samples.jsonl").read_text())
     assert line["values"] == {"hearthgate_queue_depth": 1}
+    sent = read_records(folder / "r1-gateway-defaults-home-mix_x1.records.jsonl")
+    assert [(r.app, r.scheduled_s) for r in sent] == [("chatui", 1.0)]
 
 
 def test_a_noisy_neighbour_cell_shows_the_light_apps_numbers() -> None:
