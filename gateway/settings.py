@@ -230,9 +230,10 @@ class RequestClass(_Strict):
     # With shed_after_wait_ms: once the line stands, also answer 429 (Retry-After as above)
     # to the queued requests that would wait shed_after_wait_ms again, newest first: the
     # backlog that piled up before the line stood, which otherwise waits its turn (up to
-    # 300 s on a box too slow for its load: loadtests/results/matrix-avx2.md). Off until
-    # measured over three rounds: one round cut RAG's waits from minutes to seconds but
-    # left the rest unclear (loadtests/results/shed-queued.md).
+    # 300 s on a box too slow for its load: loadtests/results/matrix-avx2.md). Off: over
+    # three rounds the RAG requests answered came in seconds instead of minutes, but almost
+    # none were answered and voice and chat were on target less often at home-mix x4 and
+    # x10 (loadtests/results/shed-queued.md, shed-queued-3.md).
     shed_queued: bool = False
     ordering: Literal["fcfs", "edf"] = "fcfs"
     fair_share: Literal["vtc", "fcfs"] = "vtc"
