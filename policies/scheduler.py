@@ -26,7 +26,7 @@ from hearthgate.policies.shedding import (
     check_enqueue,
     check_late,
     line_keeps,
-    queued_retry_after,
+    retry_after,
     sheds_queued,
 )
 from hearthgate.policies.types import (
@@ -314,7 +314,7 @@ class Scheduler:
             for _, req in tail:
                 self._drop(req.id)
             for ahead, req in reversed(tail):
-                retry = queued_retry_after(q.policy, ahead, rate)
+                retry = retry_after(q.policy, ahead, rate)
                 out.append(
                     (req, Rejection("target_unreachable", name, len(q), q.tokens, retry, ahead))
                 )

@@ -48,12 +48,10 @@ def check_late(
         return None
     if ahead <= 0 or drain_rate <= 0:
         return None
-    ttft = ahead / drain_rate + service_s
-    if ttft <= target:
+    if ahead / drain_rate + service_s <= target:
         return None
-    return Rejection(
-        "target_unreachable", policy.name, queued, queued_tokens, max(1.0, ttft - target), ahead
-    )
+    retry = retry_after(policy, ahead, drain_rate, service_s)
+    return Rejection("target_unreachable", policy.name, queued, queued_tokens, retry, ahead)
 
 
 def sheds_queued(policy: ClassPolicy) -> bool:
@@ -74,7 +72,7 @@ def line_keeps(policy: ClassPolicy, drain_rate: float, unanswered: int) -> int |
     requests a second, behind its ``unanswered`` requests already sent (at least the oldest
     one, so the worker always has the class's next request at hand). The rest, a backlog
     that piled up before the line stood, would wait that long again for a first token
-    already late: they are better told now (``queued_retry_after``). None: the class does
+    already late: they are better told now (``retry_after``). None: the class does
     not shed queued requests (no ``shed_late`` with ``shed_after_wait_s`` and
     ``shed_queued``, interactive, or no measured drain rate yet)."""
     after = policy.shed_after_wait_s
@@ -83,11 +81,13 @@ def line_keeps(policy: ClassPolicy, drain_rate: float, unanswered: int) -> int |
     return max(1, math.floor(drain_rate * after) - unanswered + 1)
 
 
-def queued_retry_after(policy: ClassPolicy, ahead: int, drain_rate: float) -> float:
-    """The wait to suggest to a queued request refused with ``ahead`` requests before it:
-    until the line has drained to where it could meet its first-token target (as
-    ``check_late``), at least 1 s."""
-    return max(1.0, ahead / drain_rate - (policy.ttft_s or 0.0))
+def retry_after(
+    policy: ClassPolicy, ahead: int, drain_rate: float, service_s: float = 0.0
+) -> float:
+    """The wait to suggest to a request refused with ``ahead`` requests before it (and
+    ``service_s`` of prefill after them): until the line has drained to where it could meet
+    its first-token target, at least 1 s (``check_late``, ``Scheduler.trim``)."""
+    return max(1.0, ahead / drain_rate + service_s - (policy.ttft_s or 0.0))
 
 
 class StandingLine:
