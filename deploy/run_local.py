@@ -101,14 +101,43 @@ GENERAL_STEP_TOKENS = 1024
 # ~1,600-2,600 tokens/s in these runs, so one 384-token chunk alone took ~0.15-0.25 s of
 # voice's 300 ms first-token target; 128 put more interactive requests on time than 384 in
 # each of 3 rounds at home-mix x1 and rag-burst x1 (medians 98.2 against 88.9% and 95.5
-# against 90.1%), background 1-2% fewer tokens (loadtests/results/threshold-steps.md).
+# against 90.1%), background 1-2% fewer tokens (loadtests/results/threshold-steps.md). 64
+# there, with the gateway holding one background prompt in prefill at a time
+# (gateway_defaults), left fewer voice and chat requests off target than 128 at five of
+# seven matrix points and as few at the other two (39 against 76 over two or three
+# rounds), background level but at rag-burst x2, 15% fewer in the median (threshold-64.md,
+# threshold-64-heavy.md, threshold-64-rest.md, docs/measurements.md).
 PREFILL_THRESHOLD_AVX512 = 384
-PREFILL_THRESHOLD_AVX2 = 128
+PREFILL_THRESHOLD_AVX2 = 64
 
 
 def prefill_threshold(avx512: bool) -> int:
     """At most this many prompt tokens of one request per step of a general worker."""
     return PREFILL_THRESHOLD_AVX512 if avx512 else PREFILL_THRESHOLD_AVX2
+
+
+def gateway_defaults(avx512: bool) -> dict[str, Any]:
+    """Settings ``make run`` gives the gateway on this box, under the user's own: without
+    AVX-512, one background prompt in prefill per general worker at a time (each 64-token
+    chunk of a prompt is ~35 ms of a step there, so two or three of them in one step
+    already make every stream's gap longer than chat's 50 ms target)."""
+    return {} if avx512 else {"scheduler": {"pacing": {"background_prefill": 1}}}
+
+
+def gateway_environment(settings: Settings, avx512: bool) -> dict[str, str]:
+    """``gateway_defaults`` as the gateway's environment variables, leaving out every key
+    the settings (their file or the environment) name themselves."""
+    env: dict[str, str] = {}
+
+    def walk(path: list[str], values: dict[str, Any], model: Any) -> None:
+        for key, value in values.items():
+            if isinstance(value, dict):
+                walk([*path, key], value, getattr(model, key))
+            elif key not in model.model_fields_set:
+                env["HEARTHGATE_" + "__".join(p.upper() for p in [*path, key])] = str(value)
+
+    walk([], gateway_defaults(avx512), settings)
+    return env
 
 
 def worker_flags(spec: Worker) -> list[str]:
@@ -318,6 +347,11 @@ def main(argv: list[str] | None = None) -> int:
             env[REDIS_URL_VAR] = redis.url
         keys = demo_keys(settings, env)
         admin = demo_admin_key(settings, env)
+        for_box = gateway_environment(settings, bool(box.describe()["avx512"]))
+        if for_box:
+            said = " ".join(f"{k}={v}" for k, v in for_box.items())
+            print(f"this CPU has no AVX-512: the gateway starts with {said}", flush=True)
+        env.update(for_box)
         gateway = subprocess.Popen(gateway_command(args.config), env=env)
         deadline = time.monotonic() + 30
         while True:

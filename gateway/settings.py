@@ -445,6 +445,8 @@ class Pacing(_Strict):
     # Long-prefill and embeddings workers are not held to it. Off: 1 gave more background
     # at home-mix x4 and x10 (+5%, +14%) but let chat miss in one round of each doubled and
     # tripled RAG burst (91.5%, 96.3%; loadtests/results/bg-prefill.md, bg-prefill-rest.md).
+    # `make run` sets it to 1 on a CPU without AVX-512, where each prompt chunk is longer
+    # than a token gap may be (deploy/run_local.py gateway_defaults).
     background_prefill: int | None = Field(None, ge=1)
     # A late interactive first token cuts the background (decode) cap as well as the duty:
     # "when_blind" (the default), only in an interval with no decode-only gap to judge the

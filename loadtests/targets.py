@@ -33,7 +33,8 @@ from typing import Any, Literal, Protocol
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from hearthgate.deploy.run_local import worker_flags
+from hearthgate.deploy import box
+from hearthgate.deploy.run_local import gateway_defaults, worker_flags
 from hearthgate.gateway.settings import Worker as SettingsWorker
 from hearthgate.loadtests.runner import Endpoints
 from hearthgate.loadtests.scenario import format_validation_error
@@ -79,7 +80,9 @@ class TargetSpec(_Model):
     worker_args: list[str] = []
     # Each generation worker starts with the flags `make run` gives a worker of its role on
     # this box (deploy/run_local.py `worker_flags`, which depend on the CPU) ahead of its
-    # `worker_args`, so a target follows the shipped worker on whatever box it runs on.
+    # `worker_args`, and a gateway target's settings go over those `make run` gives the
+    # gateway on this box (`gateway_defaults`), so a target follows the shipped worker and
+    # gateway on whatever box it runs on.
     make_run_flags: bool = False
     embed_worker_args: list[str] = []
     # per generation worker (by name): flags, and for gateway targets role and limits
@@ -136,6 +139,12 @@ class TargetSpec(_Model):
             return []
         url = "http://127.0.0.1:8000"
         return worker_flags(SettingsWorker(name="w", url=url, models=["m"], role=role))
+
+    def make_run_settings(self) -> dict[str, Any]:
+        """The settings `make run` gives the gateway on this box, if `make_run_flags`."""
+        if not self.make_run_flags or self.kind != "gateway":
+            return {}
+        return gateway_defaults(bool(box.describe()["avx512"]))
 
     def describe(self) -> str:
         if self.kind == "url":
@@ -418,9 +427,9 @@ class Launcher:
         per-worker `limits`."""
         if isinstance(gen_urls, str):
             gen_urls = {"gen0": gen_urls}
-        base: dict[str, Any] = {}
+        base = target.make_run_settings()
         if target.config:
-            base = yaml.safe_load((REPO_ROOT / target.config).read_text()) or {}
+            base = _merge(base, yaml.safe_load((REPO_ROOT / target.config).read_text()) or {})
         base = _merge(base, dict(target.settings or {}))
         gen_limits = base.pop("worker_limits", None) or {}
         workers: list[dict[str, Any]] = []

@@ -393,6 +393,42 @@ def test_a_target_can_start_its_workers_as_make_run_does_on_this_box() -> None:
         TargetSpec(name="u", kind="url", url="http://x", make_run_flags=True)
 
 
+@pytest.mark.parametrize("avx512", [True, False])
+def test_a_make_run_target_gets_the_gateway_settings_make_run_gives_on_this_box(
+    monkeypatch: pytest.MonkeyPatch, avx512: bool
+) -> None:
+    from hearthgate.deploy import box
+    from hearthgate.deploy.run_local import gateway_defaults
+
+    monkeypatch.setattr(box, "describe", lambda: {"avx512": avx512})
+    tf = TargetsFile.model_validate(
+        {
+            "gen_worker": {"port": 18210, "core": 0},
+            "targets": [
+                {"name": "shipped", "kind": "gateway", "make_run_flags": True},
+                {
+                    "name": "own",
+                    "kind": "gateway",
+                    "make_run_flags": True,
+                    "settings": {"scheduler": {"pacing": {"background_prefill": 3}}},
+                },
+                {"name": "bare", "kind": "gateway"},
+            ],
+        }
+    )
+    la = Launcher(tf, need_embed=False, log=lambda m: None)
+    pacing = {
+        t.name: la.gateway_settings(t, "http://127.0.0.1:18210", None)
+        .get("scheduler", {})
+        .get("pacing", {})
+        for t in tf.targets
+    }
+    assert pacing["shipped"] == gateway_defaults(avx512).get("scheduler", {}).get("pacing", {})
+    assert pacing["shipped"] == ({} if avx512 else {"background_prefill": 1})
+    assert pacing["own"] == {"background_prefill": 3}  # the target's own settings win
+    assert pacing["bare"] == {}  # only with make_run_flags
+
+
 # ---------------------------------------------------------------- round-robin
 
 

@@ -483,5 +483,11 @@ def test_the_matrix_runs_the_gateway_in_front_of_the_worker_make_run_starts() ->
     assert gw.args_for("gen0") == worker_flags(general)  # on whatever box this runs
     assert "--long-prefill-token-threshold" in gw.args_for("gen0")
     assert gw.describe() == f"hearthgate in front of vLLM ({' '.join(worker_flags(general))})"
+    # ... and with the settings make run gives the gateway on this box under its own.
+    from hearthgate.deploy import box
+    from hearthgate.deploy.run_local import gateway_defaults
+
+    assert gw.make_run_settings() == gateway_defaults(bool(box.describe()["avx512"]))
     vllm = next(t for t in spec.targets if t.name == "vllm-fcfs")
+    assert vllm.make_run_settings() == {}
     assert vllm.args_for("gen0") == []  # vLLM alone stays at its own defaults

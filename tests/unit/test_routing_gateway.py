@@ -159,11 +159,39 @@ def test_run_local_layouts_pin_the_workers() -> None:
     ]
     assert split.classes == single.classes and split.apps == single.apps
     # Shorter prefill steps on the worker voice shares (1,024 tokens, chunks.md), at most
-    # 384 of them for one prompt while others run or wait with AVX-512, 128 without
-    # (prefill-threshold.md, threshold-steps.md); the long-prefill worker keeps vLLM's default,
-    # the embeddings worker is not chunked.
-    assert (prefill_threshold(True), prefill_threshold(False)) == (384, 128)
+    # 384 of them for one prompt while others run or wait with AVX-512, 64 without
+    # (prefill-threshold.md, threshold-steps.md, threshold-64-heavy.md); the long-prefill
+    # worker keeps vLLM's default, the embeddings worker is not chunked.
+    assert (prefill_threshold(True), prefill_threshold(False)) == (384, 64)
     most = str(prefill_threshold(bool(box.describe()["avx512"])))  # this box's
     step = ["--max-num-batched-tokens", "1024", "--long-prefill-token-threshold", most]
     assert [w.extra_args for w in plan_workers(split)] == [tuple(step), (), ()]
     assert plan_workers(single)[0].extra_args == tuple(step)
+
+
+def test_run_local_gives_the_gateway_one_background_prefill_only_without_avx512(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hearthgate.deploy.run_local import gateway_environment
+
+    var = "HEARTHGATE_SCHEDULER__PACING__BACKGROUND_PREFILL"
+    monkeypatch.delenv(var, raising=False)
+    shipped = load_settings("deploy/settings.example.yaml")
+    assert shipped.scheduler.pacing.background_prefill is None  # the gateway's own default
+    assert gateway_environment(shipped, avx512=False) == {var: "1"}
+    assert gateway_environment(shipped, avx512=True) == {}
+    # What the settings name themselves stays theirs: in the file (null included) ...
+    for own in (2, None):
+        named = load_settings(
+            "deploy/settings.example.yaml",
+            scheduler={"pacing": {"background_prefill": own}},
+        )
+        assert gateway_environment(named, avx512=False) == {}
+    # ... or in the environment.
+    monkeypatch.setenv(var, "3")
+    from_env = load_settings("deploy/settings.example.yaml")
+    assert from_env.scheduler.pacing.background_prefill == 3
+    assert gateway_environment(from_env, avx512=False) == {}
+    # The variable it sets is one the gateway reads.
+    monkeypatch.setenv(var, "1")
+    assert load_settings("deploy/settings.example.yaml").scheduler.pacing.background_prefill == 1
