@@ -33,6 +33,12 @@ def describe(cpuinfo: str | None = None) -> dict[str, Any]:
     }
 
 
+def has_avx512() -> bool:
+    """Whether this machine's CPU has AVX-512 (what picks make run's worker dtype, prefill
+    chunk and gateway settings)."""
+    return bool(describe()["avx512"])
+
+
 def line(box: dict[str, Any] | None) -> str:
     """One sentence for a report's header; empty for a summary written before boxes were
     recorded."""

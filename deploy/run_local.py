@@ -144,7 +144,7 @@ def worker_flags(spec: Worker) -> list[str]:
     """The vLLM flags ``make run`` adds to a local worker's command line on this box."""
     flags: list[str] = []
     if spec.role == "general":
-        threshold = prefill_threshold(bool(box.describe()["avx512"]))
+        threshold = prefill_threshold(box.has_avx512())
         flags += ["--max-num-batched-tokens", str(GENERAL_STEP_TOKENS)]
         flags += ["--long-prefill-token-threshold", str(threshold)]
     if spec.priority_scheduling:
@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
             env[REDIS_URL_VAR] = redis.url
         keys = demo_keys(settings, env)
         admin = demo_admin_key(settings, env)
-        for_box = gateway_environment(settings, bool(box.describe()["avx512"]))
+        for_box = gateway_environment(settings, box.has_avx512())
         if for_box:
             said = " ".join(f"{k}={v}" for k, v in for_box.items())
             print(f"this CPU has no AVX-512: the gateway starts with {said}", flush=True)

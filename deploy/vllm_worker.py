@@ -191,7 +191,7 @@ class VllmWorker(ChildProcess):
 
     def command(self) -> list[str]:
         """The full command line that ``start()`` runs."""
-        dtype = gen_dtype(bool(box.describe()["avx512"])) if self.kind == "gen" else "float32"
+        dtype = gen_dtype(box.has_avx512()) if self.kind == "gen" else "float32"
         cmd = ["nice", "-n", str(self.nice)] if self.nice else []
         cmd += [
             str(self.python),

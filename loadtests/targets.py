@@ -144,7 +144,7 @@ class TargetSpec(_Model):
         """The settings `make run` gives the gateway on this box, if `make_run_flags`."""
         if not self.make_run_flags or self.kind != "gateway":
             return {}
-        return gateway_defaults(bool(box.describe()["avx512"]))
+        return gateway_defaults(box.has_avx512())
 
     def describe(self) -> str:
         if self.kind == "url":
