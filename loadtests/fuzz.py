@@ -264,9 +264,10 @@ def local_stack(
     log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True),
 ) -> Iterator[str]:
     """A real vLLM generation worker, the embeddings worker and a gateway in front (through
-    ``loadtests.targets.Launcher``), on free loopback ports; yields the gateway's URL.
+    ``loadtests.launcher.Launcher``), on free loopback ports; yields the gateway's URL.
     ``worker_args``: more vLLM flags for the generation worker."""
-    from hearthgate.loadtests.targets import Launcher, TargetsFile, TargetSpec, WorkerPlacement
+    from hearthgate.loadtests.launcher import Launcher
+    from hearthgate.loadtests.targets import TargetsFile, TargetSpec, WorkerPlacement
 
     spec = TargetsFile(
         gen_worker=WorkerPlacement(port=free_port(), core=gen_core),

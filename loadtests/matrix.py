@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 from hearthgate.loadtests import bench
+from hearthgate.loadtests.launcher import Launcher
 from hearthgate.loadtests.prompts import Calibration
 from hearthgate.loadtests.runner import Endpoints
 from hearthgate.loadtests.scenario import Scenario, ScenarioError
-from hearthgate.loadtests.targets import Launcher, TargetsFile, TargetSpec
+from hearthgate.loadtests.targets import TargetsFile, TargetSpec
 from hearthgate.loadtests.workload import PlannedRequest, plan
 
 

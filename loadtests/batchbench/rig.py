@@ -53,7 +53,8 @@ class Rig:
     log: Log = bench.stderr_log
 
     def gateway_settings(self) -> dict[str, Any]:
-        from hearthgate.loadtests.targets import Launcher, TargetSpec
+        from hearthgate.loadtests.launcher import Launcher
+        from hearthgate.loadtests.targets import TargetSpec
 
         spec = TargetSpec(
             name="gateway",

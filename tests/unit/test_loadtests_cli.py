@@ -12,8 +12,9 @@ import yaml
 
 from hearthgate.loadtests.cli import main
 from hearthgate.loadtests.fakeserver import FakeConfig, serve_in_thread
+from hearthgate.loadtests.launcher import Launcher
 from hearthgate.loadtests.scenario import load_scenario
-from hearthgate.loadtests.targets import Launcher, TargetError, load_targets
+from hearthgate.loadtests.targets import TargetError, load_targets
 from hearthgate.loadtests.workload import plan
 
 SCENARIO: dict[str, Any] = {

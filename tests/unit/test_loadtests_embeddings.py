@@ -12,6 +12,7 @@ from aiohttp import web
 from hearthgate.gateway.settings import Settings
 from hearthgate.loadtests.bench import scenario_block
 from hearthgate.loadtests.fakeserver import serve
+from hearthgate.loadtests.launcher import Launcher
 from hearthgate.loadtests.markdown import render
 from hearthgate.loadtests.records import RequestRecord, Sample
 from hearthgate.loadtests.repeats import merge_runs
@@ -25,7 +26,7 @@ from hearthgate.loadtests.report import (
 from hearthgate.loadtests.runner import Endpoints, RunResult, run_workload
 from hearthgate.loadtests.sampler import gateway_values
 from hearthgate.loadtests.scenario import Scenario, load_scenario, validate_scenario
-from hearthgate.loadtests.targets import Launcher, load_targets
+from hearthgate.loadtests.targets import load_targets
 from hearthgate.loadtests.workload import plan
 
 CALLS = UPSTREAM_CALLS + '{model="minilm"}'

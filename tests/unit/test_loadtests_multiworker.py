@@ -16,12 +16,12 @@ import yaml
 from hearthgate.gateway.settings import Settings
 from hearthgate.loadtests.cli import main
 from hearthgate.loadtests.fakeserver import FakeState, serve, serve_in_thread
+from hearthgate.loadtests.launcher import Launcher
 from hearthgate.loadtests.matrix import target_info
 from hearthgate.loadtests.runner import Endpoints, prime, run_workload
 from hearthgate.loadtests.sampler import Sampler, Source, combine_workers
 from hearthgate.loadtests.scenario import load_scenario, validate_scenario
 from hearthgate.loadtests.targets import (
-    Launcher,
     TargetError,
     TargetsFile,
     TargetSpec,
