@@ -9,13 +9,13 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import yaml
 
+from hearthgate.deploy.gateway_process import wait_http
 from hearthgate.loadtests.runner import Endpoints
 from hearthgate.loadtests.targets import (
     REPO_ROOT,
@@ -85,21 +85,6 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
         else:
             out[k] = v
     return out
-
-
-def _wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise TargetError(f"process for {url} exited with code {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.3)
-    raise TargetError(f"{url} not ready after {timeout:.0f} s")
 
 
 class Launcher:
@@ -283,8 +268,8 @@ class Launcher:
             )
         url = f"http://127.0.0.1:{self.spec.gateway_port}"
         try:
-            _wait_http(url + "/readyz", 60.0, self._gateway)
-        except TargetError as err:
+            wait_http(url + "/readyz", 60.0, self._gateway)
+        except (RuntimeError, TimeoutError) as err:
             self._stop_gateway()
             raise TargetError(f"gateway did not come up: {err}; log {log_path}") from None
         return url

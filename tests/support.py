@@ -4,32 +4,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from hearthgate.deploy.gateway_process import GatewayProcess, free_port, stop_process
+from hearthgate.deploy.gateway_process import GatewayProcess, free_port, stop_process, wait_http
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_DIR = REPO / ".run" / "tests"
-
-
-def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen[bytes] | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process for {url} exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=1.0).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} did not answer within {timeout} s")
 
 
 @contextmanager
