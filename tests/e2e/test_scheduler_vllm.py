@@ -168,7 +168,7 @@ def test_full_queue_answers_429_with_retry_after(workers: Workers) -> None:
                 return await asyncio.gather(
                     *(
                         client.post(
-                            url + "/v1/completions", json={**body, "prompt": long_prompt(i, 1500)}
+                            url + "/v1/completions", json={**body, "prompt": long_prompt(i)}
                         )
                         for i in range(5)
                     )
