@@ -33,6 +33,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import functools
 import json
 import os
 import signal
@@ -97,11 +98,29 @@ def _nice_session(pid: int, nice: int) -> None:
         Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
 
 
-def _die_with_parent() -> None:
-    """preexec_fn: ask Linux to SIGTERM the child when the starting thread dies."""
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+def cpu_set(core: int | str) -> set[int]:
+    """The CPUs a worker's ``core`` names: one number, or a list in the form vLLM's
+    ``VLLM_CPU_OMP_THREADS_BIND`` and taskset take (``"0-1"``, ``"0,2-3"``)."""
+    if isinstance(core, int):
+        return {core}
+    cpus: set[int] = set()
+    for part in str(core).split(","):
+        first, _, last = part.strip().partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    if not cpus:
+        raise ValueError(f"no CPU in {core!r}")
+    return cpus
+
+
+def _child_setup(cpus: set[int] | None, die_with_parent: bool) -> None:
+    """preexec_fn: keep the child (and all it starts) on ``cpus``; ask Linux to SIGTERM
+    the child when the starting thread dies."""
+    if cpus is not None:
+        os.sched_setaffinity(0, cpus)
+    if die_with_parent:
+        with contextlib.suppress(Exception):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 def gen_dtype(avx512: bool) -> str:
@@ -137,6 +156,7 @@ class VllmWorker(ChildProcess):
         env: Mapping[str, str] | None = None,
         die_with_parent: bool = True,
         nice: int = 0,
+        pin_session: bool = True,
     ) -> None:
         if kind not in SERVED_NAMES:
             raise ValueError(f"kind must be 'gen' or 'embed', not {kind!r}")
@@ -162,6 +182,12 @@ class VllmWorker(ChildProcess):
         # CPU niceness (through nice(1), so the pid stays vLLM's): a worker that stands in
         # for GPU work can yield the core it shares with the gateway or the load generator.
         self.nice = nice
+        # The whole vLLM session on the worker's cores, not only its compute threads:
+        # vLLM's engine-core process waits for each step in a loop of sched_yield(), and on
+        # the kernels here (EEVDF, Linux 6.18) such a loop kept other processes on its
+        # core from running for up to 7 s while a request was generated (docs/measurements.md,
+        # "vLLM's engine core starves its neighbours").
+        self.pin_session = pin_session
         self.served_model_name = SERVED_NAMES[kind]
         self.ready_after: float | None = None
         """Seconds from ``start()`` to ready, once ``wait_ready`` succeeded."""
@@ -268,7 +294,11 @@ class VllmWorker(ChildProcess):
                 env=self.environment(),
                 cwd=str(self.log_path.parent),
                 start_new_session=True,
-                preexec_fn=_die_with_parent if (self.die_with_parent and on_main) else None,
+                preexec_fn=functools.partial(
+                    _child_setup,
+                    cpu_set(self.core) if self.pin_session else None,
+                    self.die_with_parent and on_main,
+                ),
             )
             self._log = log
             if self.nice:

@@ -54,17 +54,32 @@ class WorkerFactory(Protocol):
         log: Path,
         args: Sequence[str],
         nice: int = 0,
+        pin_session: bool = True,
     ) -> Worker: ...
 
 
 def _vllm_worker(
-    kind: str, port: int, core: int | str, log: Path, args: Sequence[str], nice: int = 0
+    kind: str,
+    port: int,
+    core: int | str,
+    log: Path,
+    args: Sequence[str],
+    nice: int = 0,
+    pin_session: bool = True,
 ) -> Worker:
     from hearthgate.deploy.vllm_worker import VllmWorker
 
     if kind not in ("gen", "embed"):
         raise ValueError(kind)
-    return VllmWorker("gen" if kind == "gen" else "embed", port, core, log, args, nice=nice)
+    return VllmWorker(
+        "gen" if kind == "gen" else "embed",
+        port,
+        core,
+        log,
+        args,
+        nice=nice,
+        pin_session=pin_session,
+    )
 
 
 def _uses_priority_policy(args: Sequence[str]) -> bool:
@@ -125,8 +140,9 @@ class Launcher:
         kind: str,
         place: WorkerPlacement,
         args: Sequence[str],
+        pin_session: bool = True,
     ) -> tuple[tuple[str, ...], Worker]:
-        key = tuple(args)
+        key = (*args, f"pin_session={pin_session}")
         if current is not None and current[0] == key:
             return current
         if current is not None:
@@ -135,10 +151,12 @@ class Launcher:
         log = self.run_dir / f"vllm-{kind}-{place.port}.log"
         self.log(
             f"bench: starting {kind} worker on port {place.port} core {place.core} "
-            f"nice {place.nice} "
+            f"nice {place.nice}{'' if pin_session else ' (compute threads only)'} "
             f"({' '.join(args) or 'default flags'}), log {log}"
         )
-        worker = self.worker_factory(kind, place.port, place.core, log, args, nice=place.nice)
+        worker = self.worker_factory(
+            kind, place.port, place.core, log, args, nice=place.nice, pin_session=pin_session
+        )
         worker.start()
         self.restarted = True
         return key, worker
@@ -163,11 +181,19 @@ class Launcher:
         for place in self.spec.generation_workers():
             name = str(place.name)
             self._gens[name] = self._ensure(
-                self._gens.get(name), "gen", place, target.args_for(name)
+                self._gens.get(name),
+                "gen",
+                place,
+                target.args_for(name),
+                target.pin_worker_sessions,
             )
         if self.need_embed:
             self._embed = self._ensure(
-                self._embed, "embed", self.spec.embed_worker, target.embed_worker_args
+                self._embed,
+                "embed",
+                self.spec.embed_worker,
+                target.embed_worker_args,
+                target.pin_worker_sessions,
             )
         started = [slot[1] for slot in (*self._gens.values(), self._embed) if slot is not None]
         if self.restarted:

@@ -78,6 +78,10 @@ class TargetSpec(_Model):
     workers: dict[str, TargetWorker] = {}
     send_priority: bool = False
     headers: dict[str, str] = {}
+    # Every process of each vLLM worker on the worker's core (the default, as make run
+    # starts them); false: only vLLM's compute threads there, its engine-core and API
+    # server processes free to run on any core (how every bench ran before 2026-12-06).
+    pin_worker_sessions: bool = True
     # gateway
     config: str | None = None
     settings: dict[str, Any] | None = None

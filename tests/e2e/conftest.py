@@ -10,10 +10,12 @@ their file names.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import pytest
 
 from hearthgate.deploy.vllm_worker import VllmWorker, start_all, stop_all
@@ -55,6 +57,32 @@ def gen_worker_url(workers: Workers) -> str:
 @pytest.fixture(scope="session")
 def embed_worker_url(workers: Workers) -> str:
     return workers.embed.url
+
+
+def lasting(worker_url: str, body: dict[str, Any], seconds: float, most: int = 8) -> dict[str, Any]:
+    """``body`` with as many sequences (``n``, doubled each try, at most ``most``: the
+    gateway takes 8) as it takes for the worker to spend at least ``seconds`` on it,
+    measured by sending it straight to the worker. The speed of these boxes varies 2-20x
+    between hours (an AVX-512 box writes 3,500 tokens of one sequence in well under a
+    second), so a test that needs a request still running when something else happens
+    sizes it here."""
+    n = 1
+    while True:
+        sized = {**body, "n": n, "stream": False}
+        # A worker's first request of a shape is slow (3.5 s here for what then takes
+        # 0.4 s): warm this one up on a few tokens, untimed.
+        warm = httpx.post(
+            worker_url + "/v1/completions", json={**sized, "max_tokens": 8}, timeout=300
+        )
+        assert warm.status_code == 200, warm.text
+        start = time.perf_counter()
+        r = httpx.post(worker_url + "/v1/completions", json=sized, timeout=300)
+        took = time.perf_counter() - start
+        assert r.status_code == 200, r.text
+        if took >= seconds or n >= most:
+            print(f"\n{n} sequence(s) of {body.get('max_tokens')} tokens: {took:.1f} s direct")
+            return {**body, "n": n}
+        n = min(most, n * 2)
 
 
 def e2e_settings(workers: Workers) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.e2e.conftest import lasting
 from tests.support import sse_events
 
 pytestmark = pytest.mark.e2e
@@ -181,9 +182,10 @@ def _leases_closed_within(gateway_url: str, seconds: float) -> bool:
     return True
 
 
-def _send_and_leave(base_url: str, path: str, body: dict[str, Any], after_s: float) -> bytes:
-    """POST ``body`` over a plain socket, wait ``after_s``, close the connection: whatever
-    the server had sent by then (nothing, if it had not answered)."""
+def _send_and_leave(base_url: str, path: str, body: dict[str, Any]) -> bytes:
+    """POST ``body`` over a plain socket and close the connection as soon as the gateway
+    has the request on a worker (``/status``: one in flight): whatever the server had sent
+    by then (nothing, if it had not answered)."""
     url = httpx.URL(base_url)
     payload = json.dumps(body).encode()
     head = (
@@ -192,8 +194,12 @@ def _send_and_leave(base_url: str, path: str, body: dict[str, Any], after_s: flo
     )
     with socket.create_connection((url.host, url.port), timeout=10) as sock:
         sock.sendall(head.encode() + payload)
-        readable, _, _ = select.select([sock], [], [], after_s)
-        return sock.recv(65536) if readable else b""
+        deadline = time.monotonic() + 30
+        while httpx.get(base_url + "/status", timeout=30).json()["in_flight"] == 0:
+            assert time.monotonic() < deadline, "the request never reached the worker"
+            if select.select([sock], [], [], 0.01)[0]:
+                return sock.recv(65536)
+        return b""
 
 
 def _abandon(
@@ -207,16 +213,16 @@ def _abandon(
         with httpx.stream("POST", gateway_url + "/v1/completions", json=body, timeout=60) as r:
             assert next(r.iter_lines()).startswith("data: ")
     else:
-        # The client gives up after 0.3 s and closes its connection, over a plain socket
-        # so that no client library's timeouts decide when (one CI run saw httpx's 1 s read
-        # timeout not fire while the gateway took 7.5 s to answer, three tries in a row).
-        # Not a full second: in a fast hour the worker wrote all 3,500 tokens in about one
-        # (2026-12-05 CI: answered within the second twice, finished before the abort
-        # once). An answer by then means the request was never abandoned: the try says
-        # what came back instead of counting tokens.
-        answer = _send_and_leave(gateway_url, "/v1/completions", body, 0.3)
+        # The client closes its connection once the gateway has forwarded the request,
+        # over a plain socket so that no client library's timeouts decide when (one CI run
+        # saw httpx's 1 s read timeout not fire while the gateway took 7.5 s to answer,
+        # three tries in a row). Not after a fixed time: in a fast hour the worker wrote
+        # all 3,500 tokens before a 0.3 s wait was over (2026-12-06 CI, three tries). An
+        # answer by then means the request was never abandoned: the try says what came
+        # back instead of counting tokens.
+        answer = _send_and_leave(gateway_url, "/v1/completions", body)
         if answer:
-            return math.inf, f"answered within 0.3 s: {answer[:300]!r}"
+            return math.inf, f"answered before it was abandoned: {answer[:300]!r}"
     noticed = _leases_closed_within(gateway_url, 3.0)
     # Wait until the worker stops producing tokens (two equal reads a second apart).
     last, deadline = generated_tokens(gen_worker_url), time.monotonic() + 60
@@ -239,14 +245,17 @@ def test_client_disconnect_aborts_on_the_worker(
     # Up to three tries: on this shared 2-core box a starved gateway has been seen to notice
     # a disconnect only after the worker finished (once in about six tries; see the session
     # note). A gateway that never aborts fails all three.
-    max_tokens = 3500
-    body = {**COMPLETION, "max_tokens": max_tokens, "stream": stream}
+    # The request is sized so that the worker takes at least 3 s to write it all (more
+    # sequences on a fast box), or the abort could only ever come too late.
+    body = lasting(gen_worker_url, {**COMPLETION, "max_tokens": 3500}, 3.0)
+    body["stream"] = stream
+    whole = body["max_tokens"] * body["n"]
     tries = []
     for _ in range(3):
         tries.append(_abandon(gateway_url, gen_worker_url, body))
-        if tries[-1][0] < max_tokens / 2:
+        if tries[-1][0] < whole / 2:
             break
-    assert tries[-1][0] < max_tokens / 2, (
+    assert tries[-1][0] < whole / 2, (
         f"(tokens generated, gateway noticed the client leave) per try: {tries}"
     )
     status = httpx.get(gateway_url + "/status").json()

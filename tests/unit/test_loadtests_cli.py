@@ -259,7 +259,13 @@ def test_launcher_reuses_workers_and_restarts_on_new_flags() -> None:
     events: list[str] = []
 
     def factory(
-        kind: str, port: int, core: int | str, log: Path, args: Sequence[str], nice: int = 0
+        kind: str,
+        port: int,
+        core: int | str,
+        log: Path,
+        args: Sequence[str],
+        nice: int = 0,
+        pin_session: bool = True,
     ) -> Any:
         return FakeWorker(events, kind, port, args)
 

@@ -1,16 +1,27 @@
 """The vLLM launcher builds the command line and environment VLLM_CPU.md requires.
 
-No process is started here.
+No vLLM process is started here (one test starts a bare Python child).
 """
 
 from __future__ import annotations
 
+import functools
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from hearthgate.deploy import box
-from hearthgate.deploy.vllm_worker import VllmWorker, WorkerError, find_embed_model, gen_dtype
+from hearthgate.deploy.vllm_worker import (
+    VllmWorker,
+    WorkerError,
+    _child_setup,
+    cpu_set,
+    find_embed_model,
+    gen_dtype,
+)
 from hearthgate.deploy.vllm_worker_cli import main
 
 
@@ -129,3 +140,27 @@ def test_start_fails_clearly_without_vllm_venv(tmp_path: Path) -> None:
         )
         == 1
     )
+
+
+def test_cpu_set_reads_the_forms_the_omp_bind_takes() -> None:
+    assert cpu_set(1) == {1}
+    assert cpu_set("0") == {0}
+    assert cpu_set("0-1") == {0, 1}
+    assert cpu_set("0,2-3") == {0, 2, 3}
+    with pytest.raises(ValueError):
+        cpu_set("")
+
+
+def test_the_whole_worker_session_is_kept_on_its_core() -> None:
+    # What VllmWorker.start runs in the child before exec: everything the child starts
+    # (vLLM's engine core, its API server) inherits the CPU set.
+    core = min(os.sched_getaffinity(0))
+    out = subprocess.run(
+        [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+        preexec_fn=functools.partial(_child_setup, {core}, False),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert out.strip() == f"[{core}]"
+    assert VllmWorker("gen", 18130, "0", "l").pin_session
