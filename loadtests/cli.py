@@ -456,6 +456,14 @@ def build_parser() -> argparse.ArgumentParser:
     boxspeed.add_args(bx)
     bx.set_defaults(func=boxspeed.run)
 
+    nb = sub.add_parser(
+        "neighbours", help="whether a generating vLLM worker lets other processes run"
+    )
+    from hearthgate.loadtests import neighbours
+
+    neighbours.add_args(nb)
+    nb.set_defaults(func=neighbours.run)
+
     x = sub.add_parser("crosscheck", help="compare the runner with vLLM's serving benchmark")
     from hearthgate.loadtests import crosscheck
 

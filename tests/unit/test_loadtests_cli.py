@@ -289,6 +289,41 @@ def test_launcher_reuses_workers_and_restarts_on_new_flags() -> None:
     ]
 
 
+def test_launcher_restarts_the_workers_when_their_sessions_are_pinned_otherwise() -> None:
+    tf = load_targets("pinned-sessions")
+    events: list[str] = []
+
+    def factory(
+        kind: str,
+        port: int,
+        core: int | str,
+        log: Path,
+        args: Sequence[str],
+        nice: int = 0,
+        pin_session: bool = True,
+    ) -> Any:
+        events.append(f"{kind} pinned={pin_session}")
+        return FakeWorker(events, kind, port, args)
+
+    fcfs, unpinned = tf.targets[:2]
+    assert fcfs.pin_worker_sessions and not unpinned.pin_worker_sessions
+    assert fcfs.args_for("gen0") == unpinned.args_for("gen0")
+    with Launcher(tf, need_embed=False, worker_factory=factory, log=lambda m: None) as la:
+        la.up(fcfs)
+        la.up(fcfs)
+        assert not la.restarted
+        la.up(unpinned)
+        assert la.restarted
+    assert events == [
+        "gen pinned=True",
+        "start gen",
+        "stop gen",
+        "gen pinned=False",
+        "start gen",
+        "stop gen",
+    ]
+
+
 def test_gateway_settings_point_at_started_workers() -> None:
     tf = load_targets("local")
     gw = next(t for t in tf.targets if t.kind == "gateway")
