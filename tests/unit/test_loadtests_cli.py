@@ -259,13 +259,7 @@ def test_launcher_reuses_workers_and_restarts_on_new_flags() -> None:
     events: list[str] = []
 
     def factory(
-        kind: str,
-        port: int,
-        core: int | str,
-        log: Path,
-        args: Sequence[str],
-        nice: int = 0,
-        pin_session: bool = True,
+        kind: str, port: int, core: int | str, log: Path, args: Sequence[str], **_: Any
     ) -> Any:
         return FakeWorker(events, kind, port, args)
 
@@ -294,15 +288,9 @@ def test_launcher_restarts_the_workers_when_their_sessions_are_pinned_otherwise(
     events: list[str] = []
 
     def factory(
-        kind: str,
-        port: int,
-        core: int | str,
-        log: Path,
-        args: Sequence[str],
-        nice: int = 0,
-        pin_session: bool = True,
+        kind: str, port: int, core: int | str, log: Path, args: Sequence[str], **kw: Any
     ) -> Any:
-        events.append(f"{kind} pinned={pin_session}")
+        events.append(f"{kind} pinned={kw['pin_session']}")
         return FakeWorker(events, kind, port, args)
 
     fcfs, unpinned = tf.targets[:2]

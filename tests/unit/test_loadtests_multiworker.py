@@ -97,13 +97,7 @@ def fake_launcher(
     gateway with are kept in `settings` by target name."""
 
     def factory(
-        kind: str,
-        port: int,
-        core: int | str,
-        log: Path,
-        args: Sequence[str],
-        nice: int = 0,
-        pin_session: bool = True,
+        kind: str, port: int, core: int | str, log: Path, args: Sequence[str], **_: Any
     ) -> Any:
         return FakeWorker(events, kind, port, core, args)
 
