@@ -109,7 +109,7 @@ class Gateway:
             app_pacing_floor=app_pacing_floor(settings),
         )
         self.metrics.registry.register(
-            SchedulerCollector(self.scheduler, self.admission.pacing_state)
+            SchedulerCollector(self.scheduler, self.admission.pacing_state, self.admission.clock)
         )
         self.leases = LeaseBook()
         self.pool.on_change = self.admission.pump

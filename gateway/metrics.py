@@ -7,6 +7,7 @@ configured worker name.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -253,9 +254,11 @@ class SchedulerCollector(Collector):
         self,
         scheduler: Scheduler,
         pacing: Callable[[], Mapping[str, PacingState]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._scheduler = scheduler
         self._pacing = pacing
+        self._clock = clock  # the scheduler's clock (the admission controller's)
 
     def collect(self) -> Iterator[Metric]:
         s = self._scheduler
@@ -291,7 +294,17 @@ class SchedulerCollector(Collector):
         for name, u in s.worker_usage().items():
             slots.add_metric([name], u.in_flight)
             prefill.add_metric([name], u.prefill_tokens)
-        yield from (depth, tokens, vtc, slots, prefill)
+        waits = CounterMetricFamily(
+            "hearthgate_queue_blocked_seconds",
+            "Seconds each class's oldest queued request waited, by the first limit that kept "
+            "it off every worker: a budget (class_cap, saturated, slots, prefill, paced, "
+            "app_paced), held (an earlier class blocked on a shared budget holds the "
+            "workers), app_cap (every queued app at its max_in_flight) or no_worker",
+            labels=["cls", "reason"],
+        )
+        for (cls, reason), seconds in sorted(s.queue_waits(self._clock()).items()):
+            waits.add_metric([cls, reason], seconds)
+        yield from (depth, tokens, vtc, slots, prefill, waits)
         if self._pacing is None:
             return
         cap = GaugeMetricFamily(

@@ -40,7 +40,7 @@ from typing import Any
 
 from hearthgate.loadtests.records import RequestRecord, Sample
 from hearthgate.loadtests.runner import RunResult
-from hearthgate.loadtests.sampler import PACING_CUTS
+from hearthgate.loadtests.sampler import PACING_CUTS, QUEUE_BLOCKED
 from hearthgate.loadtests.scenario import Scenario, Slo
 from hearthgate.loadtests.stats import jain_index, max_min_fair, mean, percentile
 
@@ -224,14 +224,15 @@ def server_summary(samples: Sequence[Sample]) -> dict[str, dict[str, dict[str, f
 # Gateway gauges whose course over the steady window the summary keeps (`gateway_gauges`):
 # what pacing allowed each worker and what waited per class, to see why a cell came out as
 # it did (the run-wide mean and max of every gauge are under `server`), and the counters
-# whose increase over that window it keeps: why pacing cut what it cut.
+# whose increase over that window it keeps: why pacing cut what it cut, and what each
+# class's oldest request waited for (seconds by limit).
 STEADY_GAUGES: tuple[str, ...] = (
     "hearthgate_pacing_",
     "hearthgate_queue_depth",
     "hearthgate_worker_admitted",  # against the caps: is a cap what holds?
     "hearthgate_worker_prefill_tokens",  # against the prefill budget
 )
-STEADY_COUNTERS: tuple[str, ...] = (PACING_CUTS,)
+STEADY_COUNTERS: tuple[str, ...] = (PACING_CUTS, QUEUE_BLOCKED)
 
 
 def increase(values: Sequence[float]) -> float:

@@ -34,10 +34,12 @@ VLLM_METRICS: tuple[str, ...] = (
 GATEWAY_PREFIX = "hearthgate_"
 # Gateway counters kept besides the gauges (the report takes their increase over a run).
 PACING_CUTS = "hearthgate_pacing_cuts_total"  # by worker, lever and reason
+QUEUE_BLOCKED = "hearthgate_queue_blocked_seconds_total"  # by class and the limit in its way
 GATEWAY_COUNTERS: tuple[str, ...] = (
     "hearthgate_coalesce_upstream_calls_total",
     "hearthgate_coalesce_calls_saved_total",
     PACING_CUTS,
+    QUEUE_BLOCKED,
 )
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)(?:\s+\S+)?$")

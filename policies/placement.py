@@ -21,10 +21,13 @@ class Blocked(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """Either ``worker`` (the request fits there) or ``blocked`` (why it fits nowhere)."""
+    """Either ``worker`` (the request fits there) or ``blocked`` (why it fits nowhere) and
+    ``limit``: the budget verdict on the best-scoring healthy worker (None when it fits or
+    no worker is healthy)."""
 
     worker: str | None
     blocked: Blocked | None
+    limit: Verdict | None = None
 
 
 def place(
@@ -48,6 +51,7 @@ def place(
     healthy_ws = [w for w in considered if w.healthy]
     score = scores(healthy_ws, {w.name: usage[w.name].in_flight for w in healthy_ws}, routing)
     best: tuple[float, str] | None = None
+    nearest: tuple[float, str, Verdict] | None = None
     healthy = 0
     own_cap = 0
     for w in considered:
@@ -60,10 +64,14 @@ def place(
             key = (score[w.name], w.name)
             if best is None or key < best:
                 best = key
-        elif verdict in (Verdict.CLASS_CAP, Verdict.APP_PACED):
+            continue
+        if nearest is None or (score[w.name], w.name) < nearest[:2]:
+            nearest = (score[w.name], w.name, verdict)
+        if verdict in (Verdict.CLASS_CAP, Verdict.APP_PACED):
             own_cap += 1  # limits of this class or app only: other work may still go
     if best is not None:
         return Placement(best[1], None)
-    if healthy == 0:
+    if nearest is None:
         return Placement(None, Blocked.NO_WORKER)
-    return Placement(None, Blocked.OWN_CAP if own_cap == healthy else Blocked.SHARED)
+    blocked = Blocked.OWN_CAP if own_cap == healthy else Blocked.SHARED
+    return Placement(None, blocked, nearest[2])

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hearthgate.policies.bands import Backlog, precedence
-from hearthgate.policies.budgets import WorkerLoad, WorkerUsage, app_paced
+from hearthgate.policies.budgets import Verdict, WorkerLoad, WorkerUsage, app_paced
 from hearthgate.policies.class_apps import ClassApps
 from hearthgate.policies.class_queue import ClassQueue
 from hearthgate.policies.counts import count_down
@@ -37,6 +37,7 @@ from hearthgate.policies.types import (
     TenantPolicy,
     WorkerSnapshot,
 )
+from hearthgate.policies.waits import APP_CAP, HELD, NO_WORKER, WaitLedger
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +127,7 @@ class Scheduler:
         self._loads: dict[str, WorkerLoad] = {}
         self._tenant_running: dict[str, int] = {}  # in-flight count of capped tenants
         self._ledger = ShareLedger()
+        self._waits = WaitLedger()
         self._class_apps = ClassApps()  # which apps share each class (the per-app cap)
         # Whether each class's line stands, for shedding (shed_after_wait_s)
         self._lines = {c.name: StandingLine(c.shed_after_wait_s) for c in policies}
@@ -349,11 +351,19 @@ class Scheduler:
             if w.name not in self._loads:
                 self._loads[w.name] = WorkerLoad(w.name)
         out: list[Admission] = []
-        while (admission := self._admit_one(now, workers)) is not None:
+        while True:
+            waits: dict[str, str] = {}
+            admission = self._admit_one(now, workers, waits)
+            if admission is None:
+                self._waits.settle(now, waits)
+                return out
             out.append(admission)
-        return out
 
-    def _admit_one(self, now: float, workers: Sequence[WorkerSnapshot]) -> Admission | None:
+    def _admit_one(
+        self, now: float, workers: Sequence[WorkerSnapshot], waits: dict[str, str]
+    ) -> Admission | None:
+        """One admission, else None with ``waits`` filled: per class with a queue, what
+        kept its head (its first candidate) off every worker (``policies.waits``)."""
         backlogs = []
         for name, q in self._queues.items():
             oldest = q.oldest()
@@ -377,12 +387,16 @@ class Scheduler:
             # Workers this class cannot use in this pass.
             closed = set(held_all) if interactive else held_all | held_background
             for cand in q.candidates(skip=at_cap):
+                head = name not in waits
                 if len(closed) >= len(names):
+                    if head:
+                        waits[name] = HELD if names else NO_WORKER
                     break
                 # The router picks the role tier by health (a long prompt waits for a busy
                 # long-prefill worker rather than spilling onto a general one); the budgets
                 # then decide which of those it fits, best score first.
-                allowed = route(workers, cand, self._routing) - closed
+                routed = route(workers, cand, self._routing)
+                allowed = routed - closed
                 capped = True  # only an interactive request's app can be held to the cap
                 if interactive and allowed:
                     # Workers where its app is at the per-app pacing cap (held to it only
@@ -399,6 +413,11 @@ class Scheduler:
                         }
                     allowed -= paced
                 if not allowed:
+                    if head:
+                        paced_only = Verdict.APP_PACED.value
+                        waits[name] = (
+                            NO_WORKER if not routed else HELD if routed <= closed else paced_only
+                        )
                     continue  # its workers are held, down, paced, or none of them is known
                 spot = place(
                     workers,
@@ -415,12 +434,15 @@ class Scheduler:
                 if spot.worker is not None:
                     self._start(cand, spot.worker, interactive)
                     return Admission(cand, spot.worker)
+                if head:
+                    waits[name] = NO_WORKER if spot.limit is None else spot.limit.value
                 # Later requests of this class wait for these workers behind this one.
                 closed |= allowed
                 if spot.blocked is Blocked.SHARED:
                     # ...and so does later work of other classes (background work only, when
                     # this one is background).
                     (held_all if interactive else held_background).update(allowed)
+            waits.setdefault(name, APP_CAP)  # no candidate: each app at its max_in_flight
         return None
 
     def _start(self, req: QueuedRequest, worker: str, interactive: bool) -> None:
@@ -566,6 +588,11 @@ class Scheduler:
                 dispatched_tokens=self._ledger.dispatched(name),
             )
         return out
+
+    def queue_waits(self, now: float) -> dict[tuple[str, str], float]:
+        """Seconds each class's oldest request has waited so far, by the limit in its way
+        (class, reason) -> seconds (``policies.waits``), up to ``now``."""
+        return self._waits.seconds(now)
 
     def tenant_counters(self) -> dict[str, dict[str, float]]:
         """Class -> tenant -> fair-share counter (weighted tokens), tenants sorted."""
