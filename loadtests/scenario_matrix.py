@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from hearthgate.loadtests.matrix import Cell, Options, run_matrix
 from hearthgate.loadtests.prompts import Calibration
 from hearthgate.loadtests.records import write_jsonl
 from hearthgate.loadtests.repeats import median_of
+from hearthgate.loadtests.sampler import QUEUE_BLOCKED
 from hearthgate.loadtests.scenario import Scenario, ScenarioError, load_scenario
 from hearthgate.loadtests.sweep import point_stats
 
@@ -371,6 +373,24 @@ def _cell(stats: dict[str, Any] | None, point: dict[str, Any], median: bool = Fa
     return f"{att} / {bg}{chat}"
 
 
+def queue_waits(gauges: dict[str, Any] | None) -> str:
+    """What each class's oldest queued request waited for in a gateway cell's steady window
+    (``hearthgate_queue_blocked_seconds_total``, the median of the rounds' increases), the
+    longest first, as ``rag: prefill 12.0 s, paced 3.1 s; batch: held 30.0 s``."""
+    by_cls: dict[str, list[tuple[float, str]]] = {}
+    for key, row in (gauges or {}).items():
+        name, _, labels = key.partition("{")
+        seconds = row.get("increase")
+        if name != QUEUE_BLOCKED or not seconds or seconds < 0.05:
+            continue
+        got = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        by_cls.setdefault(got["cls"], []).append((float(seconds), got["reason"]))
+    return "; ".join(
+        f"{cls}: " + ", ".join(f"{r} {v:.1f} s" for v, r in sorted(waits, reverse=True))
+        for cls, waits in sorted(by_cls.items(), key=lambda kv: -sum(v for v, _ in kv[1]))
+    )
+
+
 def _verdict(checks: list[dict[str, Any]]) -> str:
     failed = [c["check"] for c in checks if c["ok"] is False]
     unknown = [c["check"] for c in checks if c["ok"] is None]
@@ -420,6 +440,24 @@ def render_markdown(summary: dict[str, Any]) -> str:
                 ok = {True: "yes", False: "NO", None: "-"}[c["ok"]]
                 detail.append([point, target, c["check"], _fmt(c["value"]), _fmt(c["bound"]), ok])
     lines += _table(["point", "target", "check", "value", "bound", "holds"], detail)
+    waits = [
+        [pt["name"], g, text]
+        for pt in summary["points"]
+        for g in gateways
+        if (
+            text := queue_waits(
+                summary["cells"].get(pt["name"], {}).get(g, {}).get("gateway_gauges")
+            )
+        )
+    ]
+    if waits:
+        lines += [
+            "What each class's oldest queued request waited for in the steady window, by the "
+            "first limit in its way (seconds, median of the rounds; README, Metrics: "
+            "`hearthgate_queue_blocked_seconds_total`):",
+            "",
+            *_table(["point", "target", "waited for"], waits),
+        ]
     return "\n".join(lines) + "\n"
 
 

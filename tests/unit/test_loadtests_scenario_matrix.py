@@ -20,6 +20,7 @@ from hearthgate.loadtests.scenario_matrix import (
     build_scenarios,
     judge,
     load_points,
+    queue_waits,
     render_markdown,
 )
 from hearthgate.loadtests.targets import load_targets
@@ -174,6 +175,35 @@ def test_an_embeddings_backlog_is_judged_by_its_share_on_target() -> None:
         "verdicts": {"embed-backlog": judge(point, cells, TARGETS, sc)},
     }
     assert "100% / embed 81% on target / 1 ms" in render_markdown(summary)
+
+
+def test_the_report_says_what_each_gateway_cells_queues_waited_for() -> None:
+    def blocked(cls: str, reason: str) -> str:
+        return f'hearthgate_queue_blocked_seconds_total{{cls="{cls}",reason="{reason}"}}'
+
+    gauges = {
+        blocked("rag", "paced"): {"increase": 3.14, "increase_runs": [3.0, 3.14, 4.0]},
+        blocked("rag", "prefill"): {"increase": 12.0},
+        blocked("batch", "held"): {"increase": 30.0},
+        blocked("chat", "slots"): {"increase": 0.01},  # under 0.05 s: left out
+        blocked("embed", "prefill"): {"increase": None},  # not measured in any round
+        'hearthgate_queue_depth{cls="rag"}': {"mean": 4.0},
+    }
+    text = "batch: held 30.0 s; rag: prefill 12.0 s, paced 3.1 s"
+    assert queue_waits(gauges) == text
+    assert queue_waits(None) == ""
+    gateway = stats(1.0, 100.0)
+    gateway["gateway_gauges"] = gauges
+    summary = {
+        "rounds": 3,
+        "targets": TARGETS,
+        "points": [{"name": "p", "scenario": "home-mix"}, {"name": "q", "scenario": "home-mix"}],
+        "cells": {"p": {"gateway": gateway}, "q": {"gateway": stats(1.0, 100.0)}},
+        "verdicts": {},
+    }
+    md = render_markdown(summary)
+    assert f"| p | gateway | {text} |" in md
+    assert "| q | gateway |" not in md  # nothing waited (or an older summary): no row
 
 
 def test_where_no_vllm_setting_holds_the_default_is_the_reference() -> None:
