@@ -413,11 +413,10 @@ class Scheduler:
                         }
                     allowed -= paced
                 if not allowed:
-                    if head:
-                        paced_only = Verdict.APP_PACED.value
-                        waits[name] = (
-                            NO_WORKER if not routed else HELD if routed <= closed else paced_only
-                        )
+                    if head and not routed:
+                        waits[name] = NO_WORKER
+                    elif head:
+                        waits[name] = HELD if routed <= closed else Verdict.APP_PACED.value
                     continue  # its workers are held, down, paced, or none of them is known
                 spot = place(
                     workers,
