@@ -77,6 +77,7 @@ def pacing_rule(settings: Settings) -> PacingRule | None:
     p = settings.scheduler.pacing
     prefill_ms = settings.prefill_gap_ms()
     behind_ms = settings.prefill_behind_gap_ms()
+    app_ms = settings.app_pacing_gap_ms()
     return PacingRule(
         target_gap_s=gap_ms / 1000,
         interval_s=p.interval_ms / 1000,
@@ -87,6 +88,7 @@ def pacing_rule(settings: Settings) -> PacingRule | None:
         behind_gap_s=None if behind_ms is None else behind_ms / 1000,
         late_cut_when_blind=p.late_cuts_decode_cap == "when_blind",
         proportional_growth=p.cap_growth == "proportional",
+        app_gap_s=None if app_ms is None else app_ms / 1000,
     )
 
 

@@ -430,6 +430,10 @@ class Pacing(_Strict):
     # The per-app cap never goes below this: 4 per app kept the chat UI's TTFT p99 at its
     # solo value beside a scraper flood (loadtests/results/noisy-flood-caps.md).
     app_min_cap: int = Field(4, ge=1)
+    # The gap the per-app cap holds, as a fraction of the smallest interactive itl_ms;
+    # null: target_fraction's gap (or target_gap_ms). A tighter gap holds a flooding app
+    # to fewer sequences: the light app's first tokens come sooner, the flood gets less.
+    app_target_fraction: float | None = Field(None, gt=0, le=1)
     # An app with at least app_min_cap interactive sequences on a worker floods it: it may
     # have only this many prompts in prefill there at once, so a light app's prompt does
     # not wait in vLLM's first-come-first-served queue behind all of its prompts; null: no
@@ -688,6 +692,15 @@ class Settings(BaseSettings):
             return p.target_gap_ms
         itl = self._tightest_itl_ms()
         return None if itl is None else p.target_fraction * itl
+
+    def app_pacing_gap_ms(self) -> float | None:
+        """The token gap the per-app cap holds (None: pacing is off or has no target)."""
+        gap = self.pacing_gap_ms()
+        fraction = self.scheduler.pacing.app_target_fraction
+        itl = self._tightest_itl_ms()
+        if gap is None or fraction is None or itl is None:
+            return gap
+        return fraction * itl
 
     def prefill_gap_ms(self) -> float | None:
         """The interactive token gap, prefill stalls included, that prefill pacing holds

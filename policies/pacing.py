@@ -86,6 +86,8 @@ class PacingRule:
     # an interval) instead of one sequence an interval; False: one (additive increase).
     # The gateway's settings turn it on by default (scheduler.pacing.cap_growth).
     proportional_growth: bool = False
+    # The gap the per-app cap (WorkerPacer) holds; None: target_gap_s.
+    app_gap_s: float | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.target_gap_s) and self.target_gap_s > 0):
@@ -105,6 +107,9 @@ class PacingRule:
             raise ValueError("flood_prefill must be >= 1")
         if self.background_prefill is not None and self.background_prefill < 1:
             raise ValueError("background_prefill must be >= 1")
+        app = self.app_gap_s
+        if app is not None and not (math.isfinite(app) and app > 0):
+            raise ValueError("app_gap_s must be > 0")
         behind = self.behind_gap_s
         if behind is not None and (gap is None or not (math.isfinite(behind) and behind >= gap)):
             raise ValueError("behind_gap_s needs prefill_gap_s and must be >= it")
@@ -259,7 +264,13 @@ class WorkerPacer:
             # there are always more queued, so a deep cut only leaves the worker idle
             # (cuts to 0.7 held the cap around 16 where the gap allowed about 24).
             decrease = max(rule.decrease, APP_DECREASE)
-            app_rule = replace(rule, min_cap=floor, decrease=decrease, proportional_growth=False)
+            app_rule = replace(
+                rule,
+                target_gap_s=rule.app_gap_s or rule.target_gap_s,
+                min_cap=floor,
+                decrease=decrease,
+                proportional_growth=False,
+            )
             self._apps = DecodePacer(app_rule, now)
 
     @property

@@ -131,6 +131,8 @@ def test_bad_observations_are_ignored() -> None:
         {"target_gap_s": 0.02, "headroom": 0.0},
         {"target_gap_s": 0.02, "min_cap": 0},
         {"target_gap_s": 0.02, "min_cap": 5, "max_cap": 4},
+        {"target_gap_s": 0.02, "app_gap_s": 0.0},
+        {"target_gap_s": 0.02, "app_gap_s": float("nan")},
     ],
 )
 def test_rule_validation(kw: dict[str, float]) -> None:
@@ -357,3 +359,19 @@ def test_worker_pacer_cuts_apps_only_once_background_is_at_its_floor() -> None:
         ("background", "gap", 0),
         ("background", "late", 0),
     ]
+
+
+def test_the_app_cap_may_hold_its_own_gap() -> None:
+    """With ``app_gap_s`` the per-app cap is cut at its own gap, the background cap at
+    ``target_gap_s``: a 12 ms gap is under a 15 ms background target and over an 8 ms app
+    gap."""
+    rule = PacingRule(target_gap_s=0.015, interval_s=0.5, max_cap=16, app_gap_s=0.008)
+    own, same = (
+        WorkerPacer(rule, 0.0, app_min_cap=4),
+        WorkerPacer(replace(rule, app_gap_s=None), 0.0, app_min_cap=4),
+    )
+    for p in (own, same):
+        p.observe(0.012, 1)
+        p.update(0.5, background_in_flight=0, heaviest_app=12)
+    assert (own.cap, own.app_cap) == (16, 10)  # floor(12 x 0.85)
+    assert (same.cap, same.app_cap) == (16, 16)  # 12 ms is within 15 ms: no cut
