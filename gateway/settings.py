@@ -430,16 +430,17 @@ class Pacing(_Strict):
     # The per-app cap never goes below this: 4 per app kept the chat UI's TTFT p99 at its
     # solo value beside a scraper flood (loadtests/results/noisy-flood-caps.md).
     app_min_cap: int = Field(4, ge=1)
-    # The gap the per-app cap holds, as a fraction of the smallest interactive itl_ms;
-    # null: target_fraction's gap (or target_gap_ms). A tighter gap holds a flooding app
-    # to fewer sequences: the light app's first tokens come sooner, the flood gets less.
-    # 0.16 (8 ms at a 50 ms itl): beside a scraper flood and a flood twice as heavy the
-    # chat UI's TTFT p99 within 1.2x its solo value while the scraper kept 0.7x or more of
-    # its tokens through vLLM alone, where background's 15 ms gap (the previous default)
-    # and 10 ms left the chat UI's p99 at 1.4-1.6x solo, and 6 ms left the scraper 0.62x
-    # (loadtests/results/app-gap.md, matrix-tight-1round.md). The per-app cap holds an app
-    # only while another app shares its class, so only such classes see it.
-    app_target_fraction: float | None = Field(0.16, gt=0, le=1)
+    # The gap the per-app cap holds, as a fraction of the smallest interactive itl_ms
+    # (whether or not target_gap_ms is set); null: background's gap (target_fraction's or
+    # target_gap_ms). A tighter gap holds a flooding app to fewer sequences: the light
+    # app's first tokens come sooner, the flood gets less. `make run` sets 0.16 (8 ms at a
+    # 50 ms itl) on a CPU with AVX-512 (deploy/run_local.py gateway_defaults), where beside
+    # a scraper flood and a flood twice as heavy it held the chat UI's TTFT p99 within 1.2x
+    # its solo value while the scraper kept 0.7x or more of its tokens through vLLM alone;
+    # background's 15 ms gap and 10 ms left the chat UI's p99 at 1.4-1.6x solo, and 6 ms
+    # left the scraper 0.62x (loadtests/results/app-gap.md, matrix-tight-1round.md). The
+    # per-app cap holds an app only while another app shares its class.
+    app_target_fraction: float | None = Field(None, gt=0, le=1)
     # An app with at least app_min_cap interactive sequences on a worker floods it: it may
     # have only this many prompts in prefill there at once, so a light app's prompt does
     # not wait in vLLM's first-come-first-served queue behind all of its prompts; null: no

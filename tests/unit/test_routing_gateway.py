@@ -169,17 +169,21 @@ def test_run_local_layouts_pin_the_workers() -> None:
     assert plan_workers(single)[0].extra_args == tuple(step)
 
 
-def test_run_local_gives_the_gateway_one_background_prefill_only_without_avx512(
+def test_run_local_gives_the_gateway_its_box_settings(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from hearthgate.deploy.run_local import gateway_environment
 
     var = "HEARTHGATE_SCHEDULER__PACING__BACKGROUND_PREFILL"
+    app = "HEARTHGATE_SCHEDULER__PACING__APP_TARGET_FRACTION"
     monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv(app, raising=False)
     shipped = load_settings("deploy/settings.example.yaml")
-    assert shipped.scheduler.pacing.background_prefill is None  # the gateway's own default
+    # The gateway's own defaults, which the example leaves to the box:
+    assert shipped.scheduler.pacing.background_prefill is None
+    assert shipped.scheduler.pacing.app_target_fraction is None
     assert gateway_environment(shipped, avx512=False) == {var: "1"}
-    assert gateway_environment(shipped, avx512=True) == {}
+    assert gateway_environment(shipped, avx512=True) == {app: "0.16"}
     # What the settings name themselves stays theirs: in the file (null included) ...
     for own in (2, None):
         named = load_settings(
@@ -192,6 +196,8 @@ def test_run_local_gives_the_gateway_one_background_prefill_only_without_avx512(
     from_env = load_settings("deploy/settings.example.yaml")
     assert from_env.scheduler.pacing.background_prefill == 3
     assert gateway_environment(from_env, avx512=False) == {}
-    # The variable it sets is one the gateway reads.
+    # The variables it sets are ones the gateway reads.
     monkeypatch.setenv(var, "1")
-    assert load_settings("deploy/settings.example.yaml").scheduler.pacing.background_prefill == 1
+    monkeypatch.setenv(app, "0.16")
+    pacing = load_settings("deploy/settings.example.yaml").scheduler.pacing
+    assert (pacing.background_prefill, pacing.app_target_fraction) == (1, 0.16)

@@ -23,7 +23,7 @@ def test_defaults_pace_background_and_apps() -> None:
     assert rule is not None
     assert rule.target_gap_s == pytest.approx(0.015)  # 0.3 x the chat class's 50 ms itl
     assert rule.prefill_gap_s == pytest.approx(0.025)  # prefill pacing: 0.5 x 50 ms
-    assert rule.app_gap_s == pytest.approx(0.008)  # the per-app cap: 0.16 x 50 ms
+    assert rule.app_gap_s == pytest.approx(0.015)  # the per-app cap: background's gap
     assert app_pacing_floor(s) == 4
 
 
@@ -31,10 +31,10 @@ def test_the_per_app_cap_may_hold_its_own_share_of_itl() -> None:
     rule = pacing_rule(settings(app_target_fraction=0.2))
     assert rule is not None and rule.app_gap_s == pytest.approx(0.01)  # 0.2 x 50 ms
     assert rule.target_gap_s == pytest.approx(0.015)  # background's gap unchanged
-    same = pacing_rule(settings(app_target_fraction=None))
-    assert same is not None and same.app_gap_s == pytest.approx(0.015)  # background's
-    fixed = pacing_rule(settings(target_gap_ms=12, app_target_fraction=None))
+    fixed = pacing_rule(settings(target_gap_ms=12))
     assert fixed is not None and fixed.app_gap_s == pytest.approx(0.012)  # follows it
+    own = pacing_rule(settings(target_gap_ms=12, app_target_fraction=0.16))
+    assert own is not None and own.app_gap_s == pytest.approx(0.008)  # its own share
     with pytest.raises(Exception, match="app_target_fraction"):
         settings(app_target_fraction=0)
 
