@@ -66,6 +66,16 @@ def render_status(
                 # Times each lever was cut, by reason ("gap" / "late"): what holds it.
                 "cuts": {f"{lever}_{reason}": n for lever, reason, n in paced.cut_counts()},
             }
+    rule = admission.paced.rule
+    # The gaps pacing holds (None: pacing off): what the caps above are moved against.
+    gaps = None
+    if rule is not None:
+        gaps = {
+            "decode_s": rule.target_gap_s,
+            "prefill_s": rule.prefill_gap_s,
+            "prefill_behind_s": rule.behind_gap_s,
+            "app_s": None if admission.flood_at is None else rule.app_gap_s or rule.target_gap_s,
+        }
     classes = scheduler.classes
     queues = {
         cls: {
@@ -94,6 +104,7 @@ def render_status(
         "queues": queues,
         "tenant_counters": scheduler.tenant_counters(),
         "workers": workers,
+        "pacing_gaps": gaps,
         "recent": recent,
         # Since start, from the metrics: streamed requests that met both targets of their
         # class or missed one (the status page plots attainment from successive reads),

@@ -156,3 +156,22 @@ async def test_status_shows_each_workers_pacing_cuts(monkeypatch: pytest.MonkeyP
     pacing = got["workers"][0]["pacing"]
     assert (pacing["background_cap"], pacing["app_cap"], pacing["prefill_duty"]) == (4, 6, None)
     assert pacing["cuts"] == {"background_gap": 2, "background_late": 0, "app_gap": 1}
+
+
+async def test_status_shows_the_gaps_pacing_holds() -> None:
+    """The gaps the caps are moved against, from the settings; the per-app cap's only with
+    per-app pacing on, none at all with pacing off."""
+    got = (await _get(load_settings(None, workers=WORKERS), "/status", "127.0.0.1")).json()
+    gaps = got["pacing_gaps"]
+    # 0.3, 0.5 and 0.8 x the chat class's 50 ms itl; the per-app cap: background's gap.
+    assert gaps == pytest.approx(
+        {"decode_s": 0.015, "prefill_s": 0.025, "prefill_behind_s": 0.04, "app_s": 0.015}
+    )
+    own = load_settings(None, workers=WORKERS, scheduler={"pacing": {"app_target_fraction": 0.16}})
+    assert (await _get(own, "/status", "127.0.0.1")).json()["pacing_gaps"]["app_s"] == (
+        pytest.approx(0.008)
+    )
+    solo = load_settings(None, workers=WORKERS, scheduler={"pacing": {"per_app": False}})
+    assert (await _get(solo, "/status", "127.0.0.1")).json()["pacing_gaps"]["app_s"] is None
+    off = load_settings(None, workers=WORKERS, scheduler={"pacing": {"enabled": False}})
+    assert (await _get(off, "/status", "127.0.0.1")).json()["pacing_gaps"] is None
