@@ -117,10 +117,11 @@ def prefill_threshold(avx512: bool) -> int:
 
 
 # With AVX-512 the per-app cap holds an 8 ms gap (0.16 x chat's 50 ms itl) instead of
-# background's 15 ms: beside both floods the chat UI's TTFT p99 within 1.2x its solo value
-# and the scraper 0.7x or more of its tokens through vLLM alone (loadtests/results/
-# app-gap.md, 3 rounds). Without AVX-512 the idle worker alone streams at 7-9 ms a token, so
-# an 8 ms gap would hold every flooding app at the cap's floor: not measured there yet.
+# background's 15 ms: beside both floods the chat UI's TTFT p99 36-44 ms instead of 50-64
+# and the scraper 0.71-0.89x of its tokens through vLLM alone (loadtests/results/
+# app-gap.md, app-gap-shipped.md, 3 rounds each). Without AVX-512 the idle worker alone
+# streams at 7-9 ms a token, so an 8 ms gap would hold every flooding app at the cap's
+# floor: not measured there yet.
 APP_TARGET_FRACTION_AVX512 = 0.16
 
 

@@ -435,11 +435,11 @@ class Pacing(_Strict):
     # target_gap_ms). A tighter gap holds a flooding app to fewer sequences: the light
     # app's first tokens come sooner, the flood gets less. `make run` sets 0.16 (8 ms at a
     # 50 ms itl) on a CPU with AVX-512 (deploy/run_local.py gateway_defaults), where beside
-    # a scraper flood and a flood twice as heavy it held the chat UI's TTFT p99 within 1.2x
-    # its solo value while the scraper kept 0.7x or more of its tokens through vLLM alone;
-    # background's 15 ms gap and 10 ms left the chat UI's p99 at 1.4-1.6x solo, and 6 ms
-    # left the scraper 0.62x (loadtests/results/app-gap.md, matrix-tight-1round.md). The
-    # per-app cap holds an app only while another app shares its class.
+    # a scraper flood and a flood twice as heavy the chat UI's TTFT p99 was 36-44 ms
+    # against 50-64 ms at background's 15 ms gap, the scraper keeping 0.71-0.89x of its
+    # tokens through vLLM alone; 6 ms left the scraper 0.62x (loadtests/results/app-gap.md,
+    # app-gap-shipped.md, matrix-tight-1round.md). The per-app cap holds an app only while
+    # another app shares its class.
     app_target_fraction: float | None = Field(None, gt=0, le=1)
     # An app with at least app_min_cap interactive sequences on a worker floods it: it may
     # have only this many prompts in prefill there at once, so a light app's prompt does
