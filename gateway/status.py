@@ -66,7 +66,7 @@ def render_status(
                 # Times each lever was cut, by reason ("gap" / "late"): what holds it.
                 "cuts": {f"{lever}_{reason}": n for lever, reason, n in paced.cut_counts()},
             }
-    rule = admission.paced.rule
+    rule, per_app = admission.paced.rule, admission.paced.app_floor is not None
     # The gaps pacing holds (None: pacing off): what the caps above are moved against.
     gaps = None
     if rule is not None:
@@ -74,7 +74,7 @@ def render_status(
             "decode_s": rule.target_gap_s,
             "prefill_s": rule.prefill_gap_s,
             "prefill_behind_s": rule.behind_gap_s,
-            "app_s": None if admission.flood_at is None else rule.app_gap_s or rule.target_gap_s,
+            "app_s": rule.app_target_gap_s if per_app else None,
         }
     classes = scheduler.classes
     queues = {

@@ -86,8 +86,13 @@ class PacingRule:
     # an interval) instead of one sequence an interval; False: one (additive increase).
     # The gateway's settings turn it on by default (scheduler.pacing.cap_growth).
     proportional_growth: bool = False
-    # The gap the per-app cap (WorkerPacer) holds; None: target_gap_s.
+    # The gap the per-app cap (WorkerPacer) holds; None: target_gap_s (``app_target_gap_s``).
     app_gap_s: float | None = None
+
+    @property
+    def app_target_gap_s(self) -> float:
+        """The gap the per-app cap holds."""
+        return self.target_gap_s if self.app_gap_s is None else self.app_gap_s
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.target_gap_s) and self.target_gap_s > 0):
@@ -266,7 +271,7 @@ class WorkerPacer:
             decrease = max(rule.decrease, APP_DECREASE)
             app_rule = replace(
                 rule,
-                target_gap_s=rule.app_gap_s or rule.target_gap_s,
+                target_gap_s=rule.app_target_gap_s,
                 min_cap=floor,
                 decrease=decrease,
                 proportional_growth=False,
