@@ -32,6 +32,7 @@ class Ticket:
     ttft_s: float | None = None  # an interactive class's first-token target (pacing)
     _streams: bool | None = field(default=None)  # None: not said yet
     _prefill_running: bool = field(default=False)  # counted by prefill pacing, not over yet
+    _prefill_done: bool = field(default=False)  # _prefill_over ran
 
     def first_token(self, observed: bool = True) -> None:
         """The first token arrived (``observed``) or the prefill is estimated to be over:
@@ -108,10 +109,16 @@ class Ticket:
 
     def _prefill_over(self, now: float) -> None:
         """The worker is done with this prompt's prefill (its first token streamed, the
-        estimate for an answer that does not stream, or the end), as pacing counts it."""
+        estimate for an answer that does not stream, or the end), as pacing counts it and as
+        a flooding app's yield to lighter apps' first tokens does (``Scheduler.on_answered``)."""
+        c = self._controller
         if self._prefill_running:
             self._prefill_running = False
-            self._controller.paced.prefill_ended(self.worker, now, not self.interactive)
+            c.paced.prefill_ended(self.worker, now, not self.interactive)
+        if not self._prefill_done:
+            self._prefill_done = True
+            if c.scheduler.on_answered(self.request.id):
+                c.pump()
 
     def _now(self) -> float:
         return self._controller.clock()

@@ -6,9 +6,9 @@ the controller's tick, adds each worker's caps to its snapshot for the scheduler
 with prefill pacing on (the default), counts the prompts each worker has in prefill: a
 token gap that overlapped one is a prefill stall, not a decode step, and a background
 prompt admitted is a prefill debt. With prefill pacing off none of that counting runs.
-It also puts the flood limit (``PacingRule.flood_prefill``) on every worker's snapshot and
-the background prefill limit (``PacingRule.background_prefill``) on every general worker's,
-paced yet or not.
+It also puts the flood limits (``PacingRule.flood_prefill``, ``flood_yields``) on every
+worker's snapshot and the background prefill limit (``PacingRule.background_prefill``) on
+every general worker's, paced yet or not.
 """
 
 from __future__ import annotations
@@ -66,13 +66,14 @@ class WorkerPacing:
         return min(floor, rule.max_cap)
 
     @property
-    def flood(self) -> tuple[int, int] | None:
-        """The flood limit as (sequences that make an app a flood on a worker, its prompts
-        in prefill there), or None: off (no limit set, or no per-app pacing)."""
+    def flood(self) -> tuple[int, int | None, bool] | None:
+        """The flood limits as (sequences that make an app a flood on a worker, its prompts
+        in prefill there or None, whether it yields to lighter apps' first tokens), or
+        None: off (neither limit set, or no per-app pacing)."""
         at, rule = self.flood_threshold, self.rule
-        if at is None or rule is None or rule.flood_prefill is None:
+        if at is None or rule is None or (rule.flood_prefill is None and not rule.flood_yields):
             return None
-        return at, rule.flood_prefill
+        return at, rule.flood_prefill, rule.flood_yields
 
     @property
     def tracks_prefill(self) -> bool:
@@ -165,8 +166,7 @@ class WorkerPacing:
         (before its first token too: a cold start's burst). A long-prefill or embeddings
         worker is there to take background prompts; the limit protects interactive prompts
         where they run beside them."""
-        flood = self.flood
-        flood_at, flood_prefill = (None, None) if flood is None else flood
+        flood_at, flood_prefill, yields = self.flood or (None, None, False)
         bg_prefill = None if self.rule is None else self.rule.background_prefill
         out = []
         for s in snaps:
@@ -175,7 +175,11 @@ class WorkerPacing:
             if p is None:
                 out.append(
                     replace(
-                        s, flood_at=flood_at, flood_prefill=flood_prefill, background_prefill=bg
+                        s,
+                        flood_at=flood_at,
+                        flood_prefill=flood_prefill,
+                        flood_yields=yields,
+                        background_prefill=bg,
                     )
                 )
                 continue
@@ -187,6 +191,7 @@ class WorkerPacing:
                     prefill_open=p.prefill_open(now, self._rates.rate(s.name)),
                     flood_at=flood_at,
                     flood_prefill=flood_prefill,
+                    flood_yields=yields,
                     background_prefill=bg,
                 )
             )
@@ -233,4 +238,6 @@ def _ended(counts: dict[str, int], ended_at: dict[str, float], worker: str, now:
 
 def _pacer_rule(rule: PacingRule | None) -> PacingRule | None:
     """What the pacers run on: the rule without the prefill limits (not theirs to apply)."""
-    return None if rule is None else replace(rule, flood_prefill=None, background_prefill=None)
+    if rule is None:
+        return None
+    return replace(rule, flood_prefill=None, flood_yields=False, background_prefill=None)

@@ -47,6 +47,9 @@ class WorkerUsage:
         default_factory=lambda: MappingProxyType({})
     )
     interactive_prefill_requests: int = 0  # the interactive part of prefill_requests
+    # Interactive requests still waiting for their first token, by app (only apps with
+    # some): a flooding app yields to the others' (``WorkerSnapshot.flood_yields``).
+    awaiting_by_app: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def background_prefill_requests(self) -> int:
@@ -72,6 +75,7 @@ class WorkerLoad:
         self._interactive = 0
         self._by_app: dict[str, int] = {}  # interactive sequences by app
         self._prefill_by_app: dict[str, int] = {}  # interactive requests in prefill by app
+        self._awaiting_by_app: dict[str, int] = {}  # interactive, before their first token
 
     def add(
         self,
@@ -93,6 +97,7 @@ class WorkerLoad:
             if app is not None:
                 self._by_app[app] = self._by_app.get(app, 0) + sequences
                 self._prefill_by_app[app] = self._prefill_by_app.get(app, 0) + 1
+                self._awaiting_by_app[app] = self._awaiting_by_app.get(app, 0) + 1
 
     def end_prefill(self, interactive: bool, prompt_tokens: int, app: str | None) -> None:
         """The request's first token arrived (or it ended before one): release its tokens.
@@ -104,6 +109,13 @@ class WorkerLoad:
             self._prefill_interactive_requests -= 1
             if app is not None:
                 count_down(self._prefill_by_app, app)
+
+    def answered(self, app: str) -> None:
+        """An interactive request of ``app`` added here saw its first token, or its prefill
+        is estimated over (an answer that does not stream), or it ended (once per request).
+        Unlike ``end_prefill`` not at the early prefill release: the worker may not have
+        started that prompt yet."""
+        count_down(self._awaiting_by_app, app)
 
     def remove(
         self, cls: str, interactive: bool = False, sequences: int = 1, app: str | None = None
@@ -128,6 +140,7 @@ class WorkerLoad:
             interactive_by_app=MappingProxyType(dict(self._by_app)),
             interactive_prefill_by_app=MappingProxyType(dict(self._prefill_by_app)),
             interactive_prefill_requests=self._prefill_interactive_requests,
+            awaiting_by_app=MappingProxyType(dict(self._awaiting_by_app)),
         )
 
 
@@ -210,20 +223,29 @@ def app_paced(
     ``capped``: another app shares its class, ``policies.class_apps``); or it
     floods the worker (``flood_at`` sequences or more) and has ``flood_prefill`` prompts
     in prefill there already: vLLM prefills its waiting prompts first come first served,
-    so a light app's prompt would wait behind all of the flooding app's."""
+    so a light app's prompt would wait behind all of the flooding app's; or it floods the
+    worker while a lighter app's request there waits for its first token
+    (``flood_yields``): vLLM would prefill the flood's next prompt in the same steps, and
+    the light app's first token would wait for both."""
     held = usage.interactive_by_app.get(app, 0)
     if held == 0:
         return False
     cap = worker.app_cap
     if capped and cap is not None and held + sequences > cap:
         return True
-    flood_at, limit = worker.flood_at, worker.flood_prefill
-    return (
-        flood_at is not None
-        and limit is not None
-        and held >= flood_at
-        and usage.interactive_prefill_by_app.get(app, 0) >= limit
-    )
+    flood_at = worker.flood_at
+    if flood_at is None or held < flood_at:
+        return False
+    limit = worker.flood_prefill
+    if limit is not None and usage.interactive_prefill_by_app.get(app, 0) >= limit:
+        return True
+    return worker.flood_yields and light_app_waits(usage, flood_at)
+
+
+def light_app_waits(usage: WorkerUsage, flood_at: int) -> bool:
+    """Whether an app that does not flood the worker (fewer than ``flood_at`` interactive
+    sequences there) has a request waiting for its first token."""
+    return any(usage.interactive_by_app.get(other, 0) < flood_at for other in usage.awaiting_by_app)
 
 
 def flooding_apps(usage: WorkerUsage, flood_at: int | None) -> list[str]:

@@ -72,6 +72,9 @@ class PacingRule:
     # Prompts an app flooding a worker (at least the per-app cap's floor of interactive
     # sequences there) may have in prefill at once; None: no limit (policies.budgets).
     flood_prefill: int | None = None
+    # Such an app's requests also wait while another app's request on the worker waits for
+    # its first token (policies.budgets, ``WorkerSnapshot.flood_yields``).
+    flood_yields: bool = False
     # The interactive gap the prefill duty may grow to while background work is behind
     # (None: prefill_gap_s always). Only with prefill_gap_s, and not below it.
     behind_gap_s: float | None = None

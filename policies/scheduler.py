@@ -73,6 +73,7 @@ class _Running:
     worker: str
     interactive: bool
     in_prefill: bool = True
+    awaiting: bool = True  # no first token yet (counted per app while interactive)
     output_charged: int = 0
 
 
@@ -471,6 +472,23 @@ class Scheduler:
         self._end_prefill(run)
         return True
 
+    def on_answered(self, req_id: str) -> bool:
+        """The request's first token arrived (not only its early prefill release), or
+        the estimate of its prefill says so for an answer that does not stream: it no
+        longer counts as a light app's request waiting (``WorkerSnapshot.flood_yields``).
+        True if that changed what admission sees (an interactive request, first time)."""
+        run = self._running.get(req_id)
+        if run is None or not run.awaiting:
+            return False
+        return self._answered(run)
+
+    def _answered(self, run: _Running) -> bool:
+        run.awaiting = False
+        if not run.interactive:
+            return False
+        self._loads[run.worker].answered(run.request.tenant)
+        return True
+
     def on_progress(self, req_id: str, output_tokens_so_far: int, now: float) -> None:
         """``output_tokens_so_far`` tokens have streamed: charge the new ones to the tenant.
         Any output implies the first token arrived. Ignored for unknown ids and for counts
@@ -480,6 +498,8 @@ class Scheduler:
             return
         if output_tokens_so_far > 0 and run.in_prefill:
             self._end_prefill(run)
+        if output_tokens_so_far > 0 and run.awaiting:
+            self._answered(run)
         new = output_tokens_so_far - run.output_charged
         if new > 0:
             req = run.request
@@ -500,6 +520,8 @@ class Scheduler:
         count_down(self._running_by_class, req.cls)
         if run.in_prefill:
             self._end_prefill(run)
+        if run.awaiting:
+            self._answered(run)
         self._loads[run.worker].remove(req.cls, run.interactive, req.sequences, req.tenant)
         if req.tenant in self._tenant_running:
             count_down(self._tenant_running, req.tenant)

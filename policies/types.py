@@ -234,6 +234,9 @@ class WorkerSnapshot:
     # no such limit.
     flood_at: int | None = None
     flood_prefill: int | None = None
+    # Such an app waits while a lighter app's request there waits for its first token
+    # (policies.budgets); only with ``flood_at``.
+    flood_yields: bool = False
     # Background prompts the worker may have in prefill at once (policies.budgets): an
     # interactive prompt waits in vLLM's first-come-first-served queue behind at most these;
     # None: no such limit.

@@ -412,6 +412,53 @@ async def test_a_flooding_apps_next_prompt_waits_for_its_prefill_from_a_cold_sta
         t.finish(10, 5)
 
 
+async def test_a_flooding_app_waits_for_a_light_apps_first_token_not_its_early_release() -> None:
+    """With ``flood_yields`` a flooding app's next request waits in the gateway while the
+    light app's streamed request has no first token, past the early prefill release, and
+    goes at that token; a light request that does not stream holds it until its estimated
+    prefill ends."""
+    clock = Clock()
+    sched = Scheduler([ClassPolicy("chat", 1, interactive=True)])
+    snaps = [WorkerSnapshot("w0")]
+    rule = PacingRule(target_gap_s=0.02, interval_s=0.5, max_cap=8, flood_yields=True)
+    ctl = AdmissionController(
+        sched, lambda: snaps, clock=clock, pacing=rule, app_pacing_floor=2, early_release=0.5
+    )
+    flood = [
+        await ctl.admit(QueuedRequest(f"s{i}", "chat", "scraper", clock(), 1, 100, 50))
+        for i in range(2)
+    ]
+    clock.t += 0.1  # 100-token prompts in 0.1 s: c1's estimated prefill is 40 ms
+    for t in flood:
+        t.first_token()
+    light = await ctl.admit(QueuedRequest("c0", "chat", "chatui", clock(), 1, 40, 5))
+    light.expect_stream()
+    waiter = asyncio.create_task(
+        ctl.admit(QueuedRequest("s2", "chat", "scraper", clock(), 1, 100, 50))
+    )
+    await queued(ctl, waiter)
+    clock.t += 5.0  # far past any early release of c0's 40-token prompt
+    ctl.tick()
+    await asyncio.sleep(0.01)
+    assert not waiter.done()  # c0 has no first token yet
+    light.first_token()
+    third = await asyncio.wait_for(waiter, 1.0)
+    third.first_token()
+    light.finish(40, 5)  # (two chatui sequences would make it a flood here too)
+    quiet = await ctl.admit(QueuedRequest("c1", "chat", "chatui", clock(), 1, 40, 5))
+    quiet.expect_no_stream()
+    waiter = asyncio.create_task(
+        ctl.admit(QueuedRequest("s3", "chat", "scraper", clock(), 1, 100, 50))
+    )
+    await queued(ctl, waiter)
+    clock.t += 5.0
+    ctl.tick()  # c1's estimated prefill is over
+    (await asyncio.wait_for(waiter, 1.0)).finish(100, 50)
+    for t in [*flood, third, quiet]:
+        t.finish(10, 5)
+    assert sched.in_flight_count == 0
+
+
 async def test_background_gives_way_before_an_app_is_paced() -> None:
     """Slow gaps cut the background cap first; the per-app cap stays while background
     sequences above the floor still run."""

@@ -250,6 +250,65 @@ def test_a_flooding_app_may_have_only_its_limit_of_prompts_in_prefill() -> None:
         replace(worker(), flood_prefill=0)
 
 
+def test_a_flooding_app_yields_to_a_light_apps_first_token() -> None:
+    """With ``flood_yields`` an app flooding the worker waits while another, lighter app's
+    interactive request there has no first token yet, whatever its early prefill release
+    says; its own requests waiting, or another flood's, do not hold it."""
+    load = WorkerLoad("w0")
+    for _ in range(4):
+        load.add("chat", True, 400, app="scraper")
+        load.end_prefill(True, 400, app="scraper")
+    assert dict(load.usage().awaiting_by_app) == {"scraper": 4}  # its own: no hold
+    w = replace(worker(), app_cap=16, flood_at=4, flood_yields=True)
+    assert check(w, load.usage(), "chat", True, 400, app="scraper") is Verdict.FITS
+    for _ in range(4):
+        load.answered("scraper")
+    load.add("chat", True, 40, app="chatui")
+    load.end_prefill(True, 40, app="chatui")  # the early release: vLLM may not have it yet
+    u = load.usage()
+    assert dict(u.awaiting_by_app) == {"chatui": 1}
+    assert check(w, u, "chat", True, 400, app="scraper") is Verdict.APP_PACED
+    assert check(w, u, "chat", True, 40, app="chatui") is Verdict.FITS  # light: not held
+    assert check(w, u, "chat", True, 40, app="guest") is Verdict.FITS  # nothing there yet
+    for off in (replace(w, flood_yields=False), replace(w, flood_at=None)):
+        assert check(off, u, "chat", True, 400, app="scraper") is Verdict.FITS
+    # A second app with flood_at sequences is a flood too: floods do not wait on each other.
+    assert check(replace(w, flood_at=1), u, "chat", True, 400, app="scraper") is Verdict.FITS
+    load.answered("chatui")  # its first token
+    assert dict(load.usage().awaiting_by_app) == {}
+    assert check(w, load.usage(), "chat", True, 400, app="scraper") is Verdict.FITS
+
+
+def test_the_scheduler_holds_a_flood_until_the_light_apps_first_token_or_end() -> None:
+    """The scheduler counts an interactive request as waiting for its first token from its
+    admission until ``on_answered``, streamed output or its end; ``on_first_token`` (the
+    prefill budget's release, early or not) does not end it."""
+    sched = Scheduler(classes(ClassPolicy("chat", 1, interactive=True, fair_share="fcfs")))
+    for i in range(8):
+        sched.enqueue(req(f"s{i}", "chat", tenant="scraper", arrival=i), 0.0)
+    w = [replace(worker(), flood_at=2, flood_yields=True)]
+    assert [a.request.id for a in sched.admit(1.0, w)] == [f"s{i}" for i in range(8)]
+    for i in range(8):
+        sched.on_answered(f"s{i}")
+    for n, end in enumerate(("answered", "progress", "finish")):
+        c, s = f"c{n}", f"s{8 + n}"
+        sched.enqueue(req(c, "chat", tenant="chatui", arrival=10 + n), 2.0 + n)
+        assert [a.request.id for a in sched.admit(2.0 + n, w)] == [c]
+        sched.enqueue(req(s, "chat", tenant="scraper", arrival=10 + n), 2.0 + n)
+        sched.on_first_token(c, 2.1 + n)  # its prefill budget released early
+        assert [a.request.id for a in sched.admit(2.1 + n, w)] == []  # c: no token yet
+        if end == "answered":
+            assert sched.on_answered(c) and not sched.on_answered(c)
+        elif end == "progress":
+            sched.on_progress(c, 1, 2.2 + n)
+        else:
+            sched.on_finish(c, None, None, 2.2 + n)
+        assert [a.request.id for a in sched.admit(2.2 + n, w)] == [s]
+        sched.on_answered(s)
+        sched.on_finish(c, None, None, 2.3 + n)  # (two chatui turns make a flood at 2)
+    assert not sched.on_answered("unknown")
+
+
 def test_background_waits_while_its_limit_of_prompts_is_in_prefill() -> None:
     """With ``background_prefill`` set, a background request waits (``prefill``) while that
     many background prompts are in prefill on the worker, whatever the token budget leaves;

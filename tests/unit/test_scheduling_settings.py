@@ -58,6 +58,12 @@ def test_the_flood_prefill_limit_reaches_the_rule() -> None:
         settings(flood_prefill=0)
 
 
+def test_the_flood_yield_reaches_the_rule() -> None:
+    assert settings().scheduler.pacing.flood_yields is True
+    assert pacing_rule(settings()).flood_yields is True  # type: ignore[union-attr]
+    assert pacing_rule(settings(flood_yields=False)).flood_yields is False  # type: ignore[union-attr]
+
+
 def test_the_background_prefill_limit_is_off_by_default_and_reaches_the_rule() -> None:
     assert pacing_rule(settings()).background_prefill is None  # type: ignore[union-attr]
     rule = pacing_rule(settings(background_prefill=1))
