@@ -450,7 +450,7 @@ class Pacing(_Strict):
     # 1: beside a scraper flood the chat UI's TTFT p99 96-114 ms
     # where no limit gave 140-296 ms (loadtests/results/flood-1.md).
     flood_prefill: int | None = Field(1, ge=1)
-    # Such an app's requests also wait while another app's interactive request on that
+    # Such an app's requests also wait while another app's request of their class on that
     # worker waits for its first token (its real first token, not the early prefill
     # release; for an answer that does not stream, its estimated prefill): vLLM would put
     # the flood's next prompt in the same steps as the light app's. Only with per_app.

@@ -47,9 +47,9 @@ class WorkerUsage:
         default_factory=lambda: MappingProxyType({})
     )
     interactive_prefill_requests: int = 0  # the interactive part of prefill_requests
-    # Interactive requests still waiting for their first token, by app (only apps with
-    # some): a flooding app yields to the others' (``WorkerSnapshot.flood_yields``).
-    awaiting_by_app: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    # (class, app) of the interactive requests still waiting for their first token: a
+    # flooding app yields to the other apps' of its class (``WorkerSnapshot.flood_yields``).
+    awaiting: frozenset[tuple[str, str]] = frozenset()
 
     @property
     def background_prefill_requests(self) -> int:
@@ -75,7 +75,8 @@ class WorkerLoad:
         self._interactive = 0
         self._by_app: dict[str, int] = {}  # interactive sequences by app
         self._prefill_by_app: dict[str, int] = {}  # interactive requests in prefill by app
-        self._awaiting_by_app: dict[str, int] = {}  # interactive, before their first token
+        # Interactive requests before their first token, by (class, app).
+        self._awaiting: dict[tuple[str, str], int] = {}
 
     def add(
         self,
@@ -97,7 +98,7 @@ class WorkerLoad:
             if app is not None:
                 self._by_app[app] = self._by_app.get(app, 0) + sequences
                 self._prefill_by_app[app] = self._prefill_by_app.get(app, 0) + 1
-                self._awaiting_by_app[app] = self._awaiting_by_app.get(app, 0) + 1
+                self._awaiting[cls, app] = self._awaiting.get((cls, app), 0) + 1
 
     def end_prefill(self, interactive: bool, prompt_tokens: int, app: str | None) -> None:
         """The request's first token arrived (or it ended before one): release its tokens.
@@ -110,12 +111,12 @@ class WorkerLoad:
             if app is not None:
                 count_down(self._prefill_by_app, app)
 
-    def answered(self, app: str) -> None:
-        """An interactive request of ``app`` added here saw its first token, or its prefill
-        is estimated over (an answer that does not stream), or it ended (once per request).
-        Unlike ``end_prefill`` not at the early prefill release: the worker may not have
-        started that prompt yet."""
-        count_down(self._awaiting_by_app, app)
+    def answered(self, cls: str, app: str) -> None:
+        """An interactive request of ``cls`` from ``app`` added here saw its first token,
+        or its prefill is estimated over (an answer that does not stream), or it ended (once
+        per request). Unlike ``end_prefill`` not at the early prefill release: the worker
+        may not have started that prompt yet."""
+        count_down(self._awaiting, (cls, app))
 
     def remove(
         self, cls: str, interactive: bool = False, sequences: int = 1, app: str | None = None
@@ -140,7 +141,7 @@ class WorkerLoad:
             interactive_by_app=MappingProxyType(dict(self._by_app)),
             interactive_prefill_by_app=MappingProxyType(dict(self._prefill_by_app)),
             interactive_prefill_requests=self._prefill_interactive_requests,
-            awaiting_by_app=MappingProxyType(dict(self._awaiting_by_app)),
+            awaiting=frozenset(self._awaiting),
         )
 
 
@@ -188,7 +189,7 @@ def check(
         not worker.prefill_open or (bg_cap is not None and background >= bg_cap)
     ):
         return Verdict.PACED
-    if interactive and app is not None and app_paced(worker, usage, app, sequences, capped):
+    if interactive and app is not None and app_paced(worker, usage, app, cls, sequences, capped):
         return Verdict.APP_PACED
     bg_prefill = worker.background_prefill
     if (
@@ -216,17 +217,25 @@ def check(
 
 
 def app_paced(
-    worker: WorkerSnapshot, usage: WorkerUsage, app: str, sequences: int = 1, capped: bool = True
+    worker: WorkerSnapshot,
+    usage: WorkerUsage,
+    app: str,
+    cls: str,
+    sequences: int = 1,
+    capped: bool = True,
 ) -> bool:
-    """Whether ``app`` is at the worker's per-app pacing cap for interactive work: it has
-    some interactive sequences there and ``sequences`` more would pass the cap (only when
-    ``capped``: another app shares its class, ``policies.class_apps``); or it
-    floods the worker (``flood_at`` sequences or more) and has ``flood_prefill`` prompts
+    """Whether ``app``'s next request of interactive class ``cls`` waits for the worker:
+    ``app`` is at the worker's per-app pacing cap for interactive work (it has some
+    interactive sequences there and ``sequences`` more would pass the cap; only when
+    ``capped``: another app shares its class, ``policies.class_apps``); or it floods the
+    worker (``flood_at`` sequences or more) and has ``flood_prefill`` prompts
     in prefill there already: vLLM prefills its waiting prompts first come first served,
     so a light app's prompt would wait behind all of the flooding app's; or it floods the
-    worker while a lighter app's request there waits for its first token
+    worker while a lighter app's request of ``cls`` there waits for its first token
     (``flood_yields``): vLLM would prefill the flood's next prompt in the same steps, and
-    the light app's first token would wait for both."""
+    the light app's first token would wait for both. (Within the class only: a flood of
+    chat turns does not wait on voice turns, which a more urgent class already orders
+    ahead of it; such waits would only add to chat's first tokens.)"""
     held = usage.interactive_by_app.get(app, 0)
     if held == 0:
         return False
@@ -239,13 +248,15 @@ def app_paced(
     limit = worker.flood_prefill
     if limit is not None and usage.interactive_prefill_by_app.get(app, 0) >= limit:
         return True
-    return worker.flood_yields and light_app_waits(usage, flood_at)
+    return worker.flood_yields and light_app_waits(usage, cls, flood_at)
 
 
-def light_app_waits(usage: WorkerUsage, flood_at: int) -> bool:
+def light_app_waits(usage: WorkerUsage, cls: str, flood_at: int) -> bool:
     """Whether an app that does not flood the worker (fewer than ``flood_at`` interactive
-    sequences there) has a request waiting for its first token."""
-    return any(usage.interactive_by_app.get(other, 0) < flood_at for other in usage.awaiting_by_app)
+    sequences there) has a request of ``cls`` waiting for its first token."""
+    return any(
+        c == cls and usage.interactive_by_app.get(app, 0) < flood_at for c, app in usage.awaiting
+    )
 
 
 def flooding_apps(usage: WorkerUsage, flood_at: int | None) -> list[str]:

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+from typing import TypeVar
 
-def count_down(counts: dict[str, int], key: str, n: int = 1) -> None:
+K = TypeVar("K", bound=Hashable)
+
+
+def count_down(counts: dict[K, int], key: K, n: int = 1) -> None:
     """Count ``n`` fewer under ``key``; a key that reaches zero is dropped, so the dict
     holds only the keys with something counted (its length is how many are busy)."""
     left = counts[key] - n

@@ -381,7 +381,8 @@ class Scheduler:
         at_cap = {
             t for t, cap in self._tenant_caps.items() if self._tenant_running.get(t, 0) >= cap
         }
-        paced_for: dict[tuple[str, int, bool], set[str]] = {}  # (app, seqs, capped) -> workers
+        # (app, class, seqs, capped) -> workers
+        paced_for: dict[tuple[str, str, int, bool], set[str]] = {}
         for name in precedence(backlogs, now):
             q = self._queues[name]
             interactive = q.policy.interactive
@@ -404,13 +405,15 @@ class Scheduler:
                     # while another app shares the class: policies.class_apps) or floods:
                     # only this app's work waits for them, other apps' requests go first.
                     capped = self._class_apps.shared(name, cand.tenant, now)
-                    key = (cand.tenant, cand.sequences, capped)
+                    key = (cand.tenant, name, cand.sequences, capped)
                     paced = paced_for.get(key)
                     if paced is None:
                         paced = paced_for[key] = {
                             w.name
                             for w in workers
-                            if app_paced(w, usage[w.name], cand.tenant, cand.sequences, capped)
+                            if app_paced(
+                                w, usage[w.name], cand.tenant, name, cand.sequences, capped
+                            )
                         }
                     allowed -= paced
                 if not allowed:
@@ -486,7 +489,7 @@ class Scheduler:
         run.awaiting = False
         if not run.interactive:
             return False
-        self._loads[run.worker].answered(run.request.tenant)
+        self._loads[run.worker].answered(run.request.cls, run.request.tenant)
         return True
 
     def on_progress(self, req_id: str, output_tokens_so_far: int, now: float) -> None:

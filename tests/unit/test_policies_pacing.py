@@ -252,21 +252,25 @@ def test_a_flooding_app_may_have_only_its_limit_of_prompts_in_prefill() -> None:
 
 def test_a_flooding_app_yields_to_a_light_apps_first_token() -> None:
     """With ``flood_yields`` an app flooding the worker waits while another, lighter app's
-    interactive request there has no first token yet, whatever its early prefill release
-    says; its own requests waiting, or another flood's, do not hold it."""
+    request of the same class there has no first token yet, whatever its early prefill
+    release says; its own requests waiting, another flood's, or a light app's of another
+    class do not hold it."""
     load = WorkerLoad("w0")
     for _ in range(4):
         load.add("chat", True, 400, app="scraper")
         load.end_prefill(True, 400, app="scraper")
-    assert dict(load.usage().awaiting_by_app) == {"scraper": 4}  # its own: no hold
+    assert load.usage().awaiting == {("chat", "scraper")}  # its own: no hold
     w = replace(worker(), app_cap=16, flood_at=4, flood_yields=True)
     assert check(w, load.usage(), "chat", True, 400, app="scraper") is Verdict.FITS
     for _ in range(4):
-        load.answered("scraper")
+        load.answered("chat", "scraper")
+    load.add("voice", True, 40, app="assistant")
+    assert load.usage().awaiting == {("voice", "assistant")}
+    assert check(w, load.usage(), "chat", True, 400, app="scraper") is Verdict.FITS
     load.add("chat", True, 40, app="chatui")
     load.end_prefill(True, 40, app="chatui")  # the early release: vLLM may not have it yet
     u = load.usage()
-    assert dict(u.awaiting_by_app) == {"chatui": 1}
+    assert u.awaiting == {("voice", "assistant"), ("chat", "chatui")}
     assert check(w, u, "chat", True, 400, app="scraper") is Verdict.APP_PACED
     assert check(w, u, "chat", True, 40, app="chatui") is Verdict.FITS  # light: not held
     assert check(w, u, "chat", True, 40, app="guest") is Verdict.FITS  # nothing there yet
@@ -274,8 +278,8 @@ def test_a_flooding_app_yields_to_a_light_apps_first_token() -> None:
         assert check(off, u, "chat", True, 400, app="scraper") is Verdict.FITS
     # A second app with flood_at sequences is a flood too: floods do not wait on each other.
     assert check(replace(w, flood_at=1), u, "chat", True, 400, app="scraper") is Verdict.FITS
-    load.answered("chatui")  # its first token
-    assert dict(load.usage().awaiting_by_app) == {}
+    load.answered("chat", "chatui")  # its first token
+    assert load.usage().awaiting == {("voice", "assistant")}
     assert check(w, load.usage(), "chat", True, 400, app="scraper") is Verdict.FITS
 
 
