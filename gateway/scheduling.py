@@ -85,6 +85,7 @@ def pacing_rule(settings: Settings) -> PacingRule | None:
         prefill_gap_s=None if prefill_ms is None else prefill_ms / 1000,
         flood_prefill=p.flood_prefill,
         flood_yields=p.flood_yields,
+        flood_until_first_token=p.flood_until_first_token,
         background_prefill=p.background_prefill,
         behind_gap_s=None if behind_ms is None else behind_ms / 1000,
         late_cut_when_blind=p.late_cuts_decode_cap == "when_blind",

@@ -455,6 +455,12 @@ class Pacing(_Strict):
     # release; for an answer that does not stream, its estimated prefill): vLLM would put
     # the flood's next prompt in the same steps as the light app's. Only with per_app.
     flood_yields: bool = True
+    # While another app shares its class, a flooding app's prompt counts against
+    # flood_prefill until its first token, not only until early_prefill_release x its
+    # estimated prefill time: the estimate runs ahead of a busy worker, and the early
+    # release let two or three of the flood's prompts queue in vLLM ahead of a light app's.
+    # (An app alone in its class keeps the early release: it would only queue its own.)
+    flood_until_first_token: bool = True
     # Background prompts a general worker may have in prefill at once (counted as for
     # flood_prefill), so an interactive prompt waits in vLLM's first-come-first-served
     # queue behind at most these; null: only the prefill token budget and duty hold them.

@@ -66,14 +66,15 @@ class WorkerPacing:
         return min(floor, rule.max_cap)
 
     @property
-    def flood(self) -> tuple[int, int | None, bool] | None:
+    def flood(self) -> tuple[int, int | None, bool, bool] | None:
         """The flood limits as (sequences that make an app a flood on a worker, its prompts
-        in prefill there or None, whether it yields to lighter apps' first tokens), or
-        None: off (neither limit set, or no per-app pacing)."""
+        in prefill there or None, whether it yields to lighter apps' first tokens, whether
+        its prompts count until their first token), or None: off (neither limit set, or no
+        per-app pacing)."""
         at, rule = self.flood_threshold, self.rule
         if at is None or rule is None or (rule.flood_prefill is None and not rule.flood_yields):
             return None
-        return at, rule.flood_prefill, rule.flood_yields
+        return at, rule.flood_prefill, rule.flood_yields, rule.flood_until_first_token
 
     @property
     def tracks_prefill(self) -> bool:
@@ -166,7 +167,7 @@ class WorkerPacing:
         (before its first token too: a cold start's burst). A long-prefill or embeddings
         worker is there to take background prompts; the limit protects interactive prompts
         where they run beside them."""
-        flood_at, flood_prefill, yields = self.flood or (None, None, False)
+        flood_at, flood_prefill, yields, until_first = self.flood or (None, None, False, False)
         bg_prefill = None if self.rule is None else self.rule.background_prefill
         out = []
         for s in snaps:
@@ -179,6 +180,7 @@ class WorkerPacing:
                         flood_at=flood_at,
                         flood_prefill=flood_prefill,
                         flood_yields=yields,
+                        flood_until_first_token=until_first,
                         background_prefill=bg,
                     )
                 )
@@ -192,6 +194,7 @@ class WorkerPacing:
                     flood_at=flood_at,
                     flood_prefill=flood_prefill,
                     flood_yields=yields,
+                    flood_until_first_token=until_first,
                     background_prefill=bg,
                 )
             )
@@ -240,4 +243,10 @@ def _pacer_rule(rule: PacingRule | None) -> PacingRule | None:
     """What the pacers run on: the rule without the prefill limits (not theirs to apply)."""
     if rule is None:
         return None
-    return replace(rule, flood_prefill=None, flood_yields=False, background_prefill=None)
+    return replace(
+        rule,
+        flood_prefill=None,
+        flood_yields=False,
+        flood_until_first_token=False,
+        background_prefill=None,
+    )

@@ -47,9 +47,15 @@ class WorkerUsage:
         default_factory=lambda: MappingProxyType({})
     )
     interactive_prefill_requests: int = 0  # the interactive part of prefill_requests
-    # (class, app) of the interactive requests still waiting for their first token: a
-    # flooding app yields to the other apps' of its class (``WorkerSnapshot.flood_yields``).
-    awaiting: frozenset[tuple[str, str]] = frozenset()
+    # Interactive requests still waiting for their first token (past the early prefill
+    # release too) by (class, app), only those with some: a flooding app yields to the
+    # other apps' of its class (``WorkerSnapshot.flood_yields``) and may count its own as in
+    # prefill (``flood_until_first_token``).
+    awaiting: Mapping[tuple[str, str], int] = field(default_factory=lambda: MappingProxyType({}))
+
+    def awaiting_of(self, app: str) -> int:
+        """``app``'s interactive requests here without a first token, of any class."""
+        return sum(n for (_, a), n in self.awaiting.items() if a == app)
 
     @property
     def background_prefill_requests(self) -> int:
@@ -141,7 +147,7 @@ class WorkerLoad:
             interactive_by_app=MappingProxyType(dict(self._by_app)),
             interactive_prefill_by_app=MappingProxyType(dict(self._prefill_by_app)),
             interactive_prefill_requests=self._prefill_interactive_requests,
-            awaiting=frozenset(self._awaiting),
+            awaiting=MappingProxyType(dict(self._awaiting)),
         )
 
 
@@ -229,8 +235,10 @@ def app_paced(
     interactive sequences there and ``sequences`` more would pass the cap; only when
     ``capped``: another app shares its class, ``policies.class_apps``); or it floods the
     worker (``flood_at`` sequences or more) and has ``flood_prefill`` prompts
-    in prefill there already: vLLM prefills its waiting prompts first come first served,
-    so a light app's prompt would wait behind all of the flooding app's; or it floods the
+    in prefill there already (with ``flood_until_first_token``, while another app shares
+    its class: prompts without a first token, past their early prefill release too): vLLM
+    prefills its waiting prompts first come first served, so a light app's prompt would
+    wait behind all of the flooding app's; or it floods the
     worker while a lighter app's request of ``cls`` there waits for its first token
     (``flood_yields``): vLLM would prefill the flood's next prompt in the same steps, and
     the light app's first token would wait for both. (Within the class only: a flood of
@@ -246,8 +254,13 @@ def app_paced(
     if flood_at is None or held < flood_at:
         return False
     limit = worker.flood_prefill
-    if limit is not None and usage.interactive_prefill_by_app.get(app, 0) >= limit:
-        return True
+    if limit is not None:
+        if capped and worker.flood_until_first_token:
+            in_prefill = usage.awaiting_of(app)
+        else:
+            in_prefill = usage.interactive_prefill_by_app.get(app, 0)
+        if in_prefill >= limit:
+            return True
     return worker.flood_yields and light_app_waits(usage, cls, flood_at)
 
 

@@ -75,6 +75,9 @@ class PacingRule:
     # Such an app's requests also wait while another app's request on the worker waits for
     # its first token (policies.budgets, ``WorkerSnapshot.flood_yields``).
     flood_yields: bool = False
+    # While another app shares its class, a flooding app's prompt counts against
+    # ``flood_prefill`` until its first token (not its early prefill release).
+    flood_until_first_token: bool = False
     # The interactive gap the prefill duty may grow to while background work is behind
     # (None: prefill_gap_s always). Only with prefill_gap_s, and not below it.
     behind_gap_s: float | None = None

@@ -237,6 +237,9 @@ class WorkerSnapshot:
     # Such an app waits while a lighter app's request there waits for its first token
     # (policies.budgets); only with ``flood_at``.
     flood_yields: bool = False
+    # While another app shares its class, such an app's prompt counts against
+    # ``flood_prefill`` until its first token, not only until its early prefill release.
+    flood_until_first_token: bool = False
     # Background prompts the worker may have in prefill at once (policies.budgets): an
     # interactive prompt waits in vLLM's first-come-first-served queue behind at most these;
     # None: no such limit.

@@ -259,18 +259,18 @@ def test_a_flooding_app_yields_to_a_light_apps_first_token() -> None:
     for _ in range(4):
         load.add("chat", True, 400, app="scraper")
         load.end_prefill(True, 400, app="scraper")
-    assert load.usage().awaiting == {("chat", "scraper")}  # its own: no hold
+    assert load.usage().awaiting == {("chat", "scraper"): 4}  # its own: no hold
     w = replace(worker(), app_cap=16, flood_at=4, flood_yields=True)
     assert check(w, load.usage(), "chat", True, 400, app="scraper") is Verdict.FITS
     for _ in range(4):
         load.answered("chat", "scraper")
     load.add("voice", True, 40, app="assistant")
-    assert load.usage().awaiting == {("voice", "assistant")}
+    assert load.usage().awaiting == {("voice", "assistant"): 1}
     assert check(w, load.usage(), "chat", True, 400, app="scraper") is Verdict.FITS
     load.add("chat", True, 40, app="chatui")
     load.end_prefill(True, 40, app="chatui")  # the early release: vLLM may not have it yet
     u = load.usage()
-    assert u.awaiting == {("voice", "assistant"), ("chat", "chatui")}
+    assert u.awaiting == {("voice", "assistant"): 1, ("chat", "chatui"): 1}
     assert check(w, u, "chat", True, 400, app="scraper") is Verdict.APP_PACED
     assert check(w, u, "chat", True, 40, app="chatui") is Verdict.FITS  # light: not held
     assert check(w, u, "chat", True, 40, app="guest") is Verdict.FITS  # nothing there yet
@@ -279,7 +279,30 @@ def test_a_flooding_app_yields_to_a_light_apps_first_token() -> None:
     # A second app with flood_at sequences is a flood too: floods do not wait on each other.
     assert check(replace(w, flood_at=1), u, "chat", True, 400, app="scraper") is Verdict.FITS
     load.answered("chat", "chatui")  # its first token
-    assert load.usage().awaiting == {("voice", "assistant")}
+    assert load.usage().awaiting == {("voice", "assistant"): 1}
+    assert check(w, load.usage(), "chat", True, 400, app="scraper") is Verdict.FITS
+
+
+def test_a_flooding_apps_prompt_counts_until_its_first_token_while_its_class_is_shared() -> None:
+    """With ``flood_until_first_token`` a flooding app's prompt past its early prefill
+    release still counts against ``flood_prefill`` until its first token, but only while
+    another app shares its class (``capped``); alone, the early release frees it."""
+    load = WorkerLoad("w0")
+    for _ in range(4):
+        load.add("chat", True, 400, app="scraper")
+        load.end_prefill(True, 400, app="scraper")  # all four released early
+    for _ in range(3):
+        load.answered("chat", "scraper")  # three first tokens came: one still due
+    u = load.usage()
+    assert (u.awaiting_of("scraper"), u.awaiting_of("chatui")) == (1, 0)
+    assert dict(u.interactive_prefill_by_app) == {}
+    w = replace(worker(), flood_at=4, flood_prefill=1, flood_until_first_token=True)
+    assert check(w, u, "chat", True, 400, app="scraper") is Verdict.APP_PACED
+    assert check(w, u, "chat", True, 400, app="scraper", capped=False) is Verdict.FITS
+    loose = (replace(w, flood_until_first_token=False), replace(w, flood_prefill=2))
+    for w2 in loose:
+        assert check(w2, u, "chat", True, 400, app="scraper") is Verdict.FITS
+    load.answered("chat", "scraper")
     assert check(w, load.usage(), "chat", True, 400, app="scraper") is Verdict.FITS
 
 

@@ -186,11 +186,14 @@ def test_a_new_flood_limit_alone_keeps_the_pacers() -> None:
     cut = p.state()["w0"].background_cap
     assert cut < 8
     p.reconfigure(replace(rule, flood_prefill=2), 4)
-    assert p.state()["w0"].background_cap == cut and p.flood == (4, 2, False)
+    assert p.state()["w0"].background_cap == cut and p.flood == (4, 2, False, False)
     p.reconfigure(replace(rule, flood_prefill=None, flood_yields=True), 4)
-    assert p.state()["w0"].background_cap == cut and p.flood == (4, None, True)
+    assert p.state()["w0"].background_cap == cut and p.flood == (4, None, True, False)
+    p.reconfigure(replace(rule, flood_yields=True, flood_until_first_token=True), 4)
+    assert p.state()["w0"].background_cap == cut and p.flood == (4, 1, True, True)
     snap = p.apply([WorkerSnapshot("w0")], t + 0.6)[0]
-    assert (snap.flood_at, snap.flood_prefill, snap.flood_yields) == (4, None, True)
+    assert (snap.flood_at, snap.flood_prefill) == (4, 1)
+    assert snap.flood_yields and snap.flood_until_first_token
     p.reconfigure(replace(rule, max_cap=16), 4)  # a pacing change restarts them
     assert p.state() == {}
 
