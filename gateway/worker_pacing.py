@@ -6,9 +6,9 @@ the controller's tick, adds each worker's caps to its snapshot for the scheduler
 with prefill pacing on (the default), counts the prompts each worker has in prefill: a
 token gap that overlapped one is a prefill stall, not a decode step, and a background
 prompt admitted is a prefill debt. With prefill pacing off none of that counting runs.
-It also puts the flood limits (``PacingRule.flood_prefill``, ``flood_yields``) on every
-worker's snapshot and the background prefill limit (``PacingRule.background_prefill``) on
-every general worker's, paced yet or not.
+It also puts the flood limits (``PacingRule.flood_prefill``, ``flood_yields``,
+``flood_until_first_token``) on every worker's snapshot and the background prefill limit
+(``PacingRule.background_prefill``) on every general worker's, paced yet or not.
 """
 
 from __future__ import annotations

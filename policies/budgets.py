@@ -230,20 +230,22 @@ def app_paced(
     sequences: int = 1,
     capped: bool = True,
 ) -> bool:
-    """Whether ``app``'s next request of interactive class ``cls`` waits for the worker:
-    ``app`` is at the worker's per-app pacing cap for interactive work (it has some
-    interactive sequences there and ``sequences`` more would pass the cap; only when
-    ``capped``: another app shares its class, ``policies.class_apps``); or it floods the
-    worker (``flood_at`` sequences or more) and has ``flood_prefill`` prompts
-    in prefill there already (with ``flood_until_first_token``, while another app shares
-    its class: prompts without a first token, past their early prefill release too): vLLM
-    prefills its waiting prompts first come first served, so a light app's prompt would
-    wait behind all of the flooding app's; or it floods the
-    worker while a lighter app's request of ``cls`` there waits for its first token
-    (``flood_yields``): vLLM would prefill the flood's next prompt in the same steps, and
-    the light app's first token would wait for both. (Within the class only: a flood of
-    chat turns does not wait on voice turns, which a more urgent class already orders
-    ahead of it; such waits would only add to chat's first tokens.)"""
+    """Whether ``app``'s next request of interactive class ``cls`` waits for the worker.
+
+    - ``app`` is at the worker's per-app pacing cap for interactive work: it has some
+      interactive sequences there and ``sequences`` more would pass the cap (only when
+      ``capped``: another app shares its class, ``policies.class_apps``);
+    - or it floods the worker (``flood_at`` sequences or more) and has ``flood_prefill``
+      prompts in prefill there already (with ``flood_until_first_token``, while another
+      app shares its class: prompts without a first token, past their early prefill
+      release too): vLLM prefills its waiting prompts first come first served, so a light
+      app's prompt would wait behind all of the flooding app's;
+    - or it floods the worker while a lighter app's request of ``cls`` there waits for its
+      first token (``flood_yields``): vLLM would prefill the flood's next prompt in the
+      same steps, and the light app's first token would wait for both. Within the class
+      only: a flood of chat turns does not wait on voice turns, which a more urgent class
+      already puts ahead of it; such waits would only add to chat's first tokens.
+    """
     held = usage.interactive_by_app.get(app, 0)
     if held == 0:
         return False

@@ -72,8 +72,8 @@ class PacingRule:
     # Prompts an app flooding a worker (at least the per-app cap's floor of interactive
     # sequences there) may have in prefill at once; None: no limit (policies.budgets).
     flood_prefill: int | None = None
-    # Such an app's requests also wait while another app's request on the worker waits for
-    # its first token (policies.budgets, ``WorkerSnapshot.flood_yields``).
+    # Such an app's requests also wait while another app's request of their class on the
+    # worker waits for its first token (policies.budgets, ``WorkerSnapshot.flood_yields``).
     flood_yields: bool = False
     # While another app shares its class, a flooding app's prompt counts against
     # ``flood_prefill`` until its first token (not its early prefill release).
