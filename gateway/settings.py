@@ -454,13 +454,18 @@ class Pacing(_Strict):
     # worker waits for its first token (its real first token, not the early prefill
     # release; for an answer that does not stream, its estimated prefill): vLLM would put
     # the flood's next prompt in the same steps as the light app's. Only with per_app.
+    # Beside a scraper flood and a flood twice as heavy the chat UI's TTFT p99 was 39 / 46
+    # ms against 52 / 48 ms without, the scraper keeping as much (1,397 / 1,427 tok/s
+    # against 1,215 / 1,439; loadtests/results/flood-first.md, three rounds).
     flood_yields: bool = True
     # While another app shares its class, a flooding app's prompt counts against
     # flood_prefill until its first token, not only until early_prefill_release x its
-    # estimated prefill time: the estimate runs ahead of a busy worker, and the early
-    # release let two or three of the flood's prompts queue in vLLM ahead of a light app's.
-    # (An app alone in its class keeps the early release: it would only queue its own.)
-    flood_until_first_token: bool = True
+    # estimated prefill time (the estimate runs ahead of a busy worker, and two or three of
+    # the flood's prompts were often queued in vLLM when a light app's came). Off: beside
+    # the yield it changed neither the chat UI's p99 (43 / 46 ms against 39 / 46) nor the
+    # scraper's tokens beyond the rounds' spread (flood-first.md). An app alone in its
+    # class keeps the early release either way: it would only queue its own prompts.
+    flood_until_first_token: bool = False
     # Background prompts a general worker may have in prefill at once (counted as for
     # flood_prefill), so an interactive prompt waits in vLLM's first-come-first-served
     # queue behind at most these; null: only the prefill token budget and duty hold them.

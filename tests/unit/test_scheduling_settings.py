@@ -62,9 +62,9 @@ def test_the_flood_yield_reaches_the_rule() -> None:
     assert settings().scheduler.pacing.flood_yields is True
     assert pacing_rule(settings()).flood_yields is True  # type: ignore[union-attr]
     assert pacing_rule(settings(flood_yields=False)).flood_yields is False  # type: ignore[union-attr]
-    assert pacing_rule(settings()).flood_until_first_token is True  # type: ignore[union-attr]
-    rule = pacing_rule(settings(flood_until_first_token=False))
-    assert rule is not None and rule.flood_until_first_token is False
+    assert pacing_rule(settings()).flood_until_first_token is False  # type: ignore[union-attr]
+    rule = pacing_rule(settings(flood_until_first_token=True))
+    assert rule is not None and rule.flood_until_first_token is True
 
 
 def test_the_background_prefill_limit_is_off_by_default_and_reaches_the_rule() -> None:
