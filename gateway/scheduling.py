@@ -91,6 +91,7 @@ def pacing_rule(settings: Settings) -> PacingRule | None:
         late_cut_when_blind=p.late_cuts_decode_cap == "when_blind",
         proportional_growth=p.cap_growth == "proportional",
         app_gap_s=None if app_ms is None else app_ms / 1000,
+        app_gap_steps=p.app_gap_steps,
     )
 
 

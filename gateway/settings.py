@@ -441,6 +441,12 @@ class Pacing(_Strict):
     # app-gap-shipped.md, matrix-tight-1round.md). The per-app cap holds an app only while
     # another app shares its class.
     app_target_fraction: float | None = Field(None, gt=0, le=1)
+    # The per-app cap's gap as this many times the worker's own token gap under light load
+    # (the shortest mean gap of a 500 ms interval with at most app_min_cap sequences in
+    # flight, over the last 10 minutes), so that it follows the box's speed from hour to
+    # hour and box to box; the gap above holds until such an interval is seen. null: the
+    # gap above always.
+    app_gap_steps: float | None = Field(None, ge=1)
     # An app with at least app_min_cap interactive sequences on a worker floods it: it may
     # have only this many prompts in prefill there at once, so a light app's prompt does
     # not wait in vLLM's first-come-first-served queue behind all of its prompts; null: no

@@ -60,6 +60,9 @@ def render_status(
                 "background_cap": paced.background_cap,
                 "app_cap": paced.app_cap,
                 "token_gap_s": None if gap is None else round(gap, 4),
+                # The gap the per-app cap holds now (it follows the worker's speed with
+                # scheduler.pacing.app_gap_steps).
+                "app_gap_s": None if paced.app_gap_s is None else round(paced.app_gap_s, 4),
                 "prefill_duty": None
                 if paced.prefill_duty is None
                 else round(paced.prefill_duty, 2),

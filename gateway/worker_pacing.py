@@ -156,10 +156,10 @@ class WorkerPacing:
             rate = self._rates.rate(name)
             u = usage.get(name)
             if u is None:
-                pacer.update(now, 0, 0, rate, behind)
+                pacer.update(now, 0, 0, rate, behind, in_flight=0)
             else:
                 bg = u.in_flight - u.interactive_in_flight
-                pacer.update(now, bg, u.heaviest_app, rate, behind)
+                pacer.update(now, bg, u.heaviest_app, rate, behind, in_flight=u.in_flight)
 
     def apply(self, snaps: Sequence[WorkerSnapshot], now: float) -> list[WorkerSnapshot]:
         """``snaps`` with each paced worker's caps and whether its prefill duty is open, and

@@ -50,6 +50,7 @@ Pure: the caller passes the time and the observations; no clock, no I/O.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, fields, replace
 
 from hearthgate.policies.prefill_pacing import PrefillPacer
@@ -94,6 +95,11 @@ class PacingRule:
     proportional_growth: bool = False
     # The gap the per-app cap (WorkerPacer) holds; None: target_gap_s (``app_target_gap_s``).
     app_gap_s: float | None = None
+    # The per-app cap's gap as this many times the worker's own token gap under light load
+    # (the shortest interval mean gap seen with at most the cap's floor of sequences in
+    # flight, over the last LIGHT_WINDOW_S), so it follows the box's speed; None: fixed at
+    # ``app_target_gap_s``, which also holds until a light interval is seen.
+    app_gap_steps: float | None = None
 
     @property
     def app_target_gap_s(self) -> float:
@@ -121,6 +127,9 @@ class PacingRule:
         app = self.app_gap_s
         if app is not None and not (math.isfinite(app) and app > 0):
             raise ValueError("app_gap_s must be > 0")
+        steps = self.app_gap_steps
+        if steps is not None and not (math.isfinite(steps) and steps >= 1):
+            raise ValueError("app_gap_steps must be >= 1")
         behind = self.behind_gap_s
         if behind is not None and (gap is None or not (math.isfinite(behind) and behind >= gap)):
             raise ValueError("behind_gap_s needs prefill_gap_s and must be >= it")
@@ -133,6 +142,7 @@ class DecodePacer:
         self.rule = rule
         self.cap = rule.max_cap
         self.last_gap_s: float | None = None  # mean gap of the last interval with tokens
+        self.intervals = 0  # intervals that measured a mean gap (last_gap_s)
         self._since = now
         self._time = 0.0
         self._tokens = 0
@@ -167,6 +177,7 @@ class DecodePacer:
         self._time, self._tokens = 0.0, 0
         if math.isfinite(gap):
             self.last_gap_s = gap
+            self.intervals += 1
         r = self.rule
         if self._settling and background_in_flight <= self.cap:
             self._settling = False
@@ -183,6 +194,11 @@ class DecodePacer:
             self.cap = min(r.max_cap, self.cap + self._growth(gap))
         return self.cap
 
+    def retarget(self, gap_s: float) -> None:
+        """Hold ``gap_s`` from the next interval on."""
+        if gap_s != self.rule.target_gap_s:
+            self.rule = replace(self.rule, target_gap_s=gap_s)
+
     def _growth(self, gap: float) -> int:
         """Sequences to add to the cap after an interval whose mean ``gap`` was under
         headroom x target while the cap held work back: one, or with
@@ -197,6 +213,9 @@ class DecodePacer:
 
 
 APP_DECREASE = 0.85  # the per-app cap's multiplicative cut (WorkerPacer)
+# How long a light interval's gap counts for the per-app cap's gap (``app_gap_steps``): the
+# box's speed drifts over an hour; without a newer one the last one stays.
+LIGHT_WINDOW_S = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +263,8 @@ class PacingState:
     # The prefill speed (prompt tokens per second) the duty is a share of (None: no
     # prefill pacing, or not told).
     prefill_rate: float | None = None
+    # The gap the per-app cap holds now (None: no per-app cap).
+    app_gap_s: float | None = None
 
     def cut_counts(self) -> list[tuple[str, str, int]]:
         """``cuts.items()`` for the levers this worker has (no duty without prefill
@@ -269,8 +290,13 @@ class WorkerPacer:
                 rule.prefill_gap_s, rule.interval_s, now, behind_gap_s=rule.behind_gap_s
             )
         self._apps: DecodePacer | None = None
+        # (time, mean gap) of recent intervals with at most the per-app floor of sequences
+        # in flight (only with app_gap_steps).
+        self._light: deque[tuple[float, float]] = deque()
+        self._light_at = 0  # the most sequences in flight an interval counts as light
         if app_min_cap is not None:
             floor = min(app_min_cap, rule.max_cap)
+            self._light_at = floor
             # Gentler cuts than for background: a flooding app's sequences are short and
             # there are always more queued, so a deep cut only leaves the worker idle
             # (cuts to 0.7 held the cap around 16 where the gap allowed about 24).
@@ -313,7 +339,10 @@ class WorkerPacer:
             duty_late=0 if duty is None else duty.cuts_late,
             app_gap=0 if apps is None else apps.cuts_gap,
         )
-        return PacingState(self.cap, self.app_cap, self.last_gap_s, self.duty, cuts)
+        app_gap = None if apps is None else apps.rule.target_gap_s
+        return PacingState(
+            self.cap, self.app_cap, self.last_gap_s, self.duty, cuts, app_gap_s=app_gap
+        )
 
     def observe(
         self,
@@ -362,10 +391,12 @@ class WorkerPacer:
         heaviest_app: int,
         rate: float = 0.0,
         behind: bool = False,
+        in_flight: int | None = None,
     ) -> None:
         """Move the caps if an interval has passed. ``heaviest_app``: the most interactive
         sequences one app has on the worker; ``rate``: its prefill speed (tokens/s);
-        ``behind``: background work waits past its share of its target."""
+        ``behind``: background work waits past its share of its target; ``in_flight``:
+        every sequence on the worker (None: not told; the per-app gap then stays put)."""
         # A late interactive first token also cuts the decode cap: while long prompts
         # are always in prefill no gap is free of them, and a decode batch grown unseen
         # made every step slow (rag-burst at 3x: chat TTFT p99 1.2 s).
@@ -390,4 +421,23 @@ class WorkerPacer:
             gave_way = background_in_flight <= floor and (
                 duty is None or duty.duty <= duty.min_duty or background_in_flight == 0
             )
+            seen = self._apps.intervals
             self._apps.update(now, heaviest_app, may_cut=gave_way)
+            if self._apps.intervals > seen and in_flight is not None:
+                self._follow_speed(now, in_flight)
+
+    def _follow_speed(self, now: float, in_flight: int) -> None:
+        """With ``app_gap_steps``: after an interval that measured a gap, keep it if the
+        worker ran light (at most the per-app floor of sequences), and hold the per-app cap
+        to ``app_gap_steps`` x the shortest light gap of the last ``LIGHT_WINDOW_S`` (the
+        newest one when all are older)."""
+        steps, apps = self.rule.app_gap_steps, self._apps
+        if steps is None or apps is None or apps.last_gap_s is None:
+            return
+        light = self._light
+        if in_flight <= self._light_at:
+            light.append((now, apps.last_gap_s))
+        while len(light) > 1 and light[0][0] < now - LIGHT_WINDOW_S:
+            light.popleft()
+        if light:
+            apps.retarget(steps * min(gap for _, gap in light))

@@ -150,12 +150,13 @@ async def test_status_shows_each_workers_pacing_cuts(monkeypatch: pytest.MonkeyP
     """Per paced worker, how often each of its levers was cut and why; a lever that is off
     (no prefill pacing: no duty) has no counts."""
     cuts = PacingCuts(background_gap=2, duty_late=5, app_gap=1)
-    paced = {"w": PacingState(4, 6, 0.012, None, cuts)}
+    paced = {"w": PacingState(4, 6, 0.012, None, cuts, app_gap_s=0.00751)}
     monkeypatch.setattr(AdmissionController, "pacing_state", lambda self: paced)
     got = (await _get(load_settings(None, workers=WORKERS), "/status", "127.0.0.1")).json()
     pacing = got["workers"][0]["pacing"]
     assert (pacing["background_cap"], pacing["app_cap"], pacing["prefill_duty"]) == (4, 6, None)
     assert pacing["cuts"] == {"background_gap": 2, "background_late": 0, "app_gap": 1}
+    assert pacing["app_gap_s"] == 0.0075  # the per-app cap's gap now (it may follow speed)
 
 
 async def test_status_shows_the_gaps_pacing_holds() -> None:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from hearthgate.policies import ClassPolicy, Scheduler
 from hearthgate.policies.budgets import Verdict, WorkerLoad, check, flooding_apps
-from hearthgate.policies.pacing import DecodePacer, PacingRule, WorkerPacer
+from hearthgate.policies.pacing import LIGHT_WINDOW_S, DecodePacer, PacingRule, WorkerPacer
 from tests.unit.test_policies_support import CLASSES, classes, req, worker
 
 RULE = PacingRule(target_gap_s=0.020, interval_s=0.5, decrease=0.5, max_cap=16)
@@ -415,6 +415,43 @@ def test_a_paced_app_first_in_line_does_not_hold_other_apps_of_its_class() -> No
     assert [a.request.id for a in sched.admit(3.0, w)] == ["c0"]
     sched.on_finish("s0", None, None, 4.0)
     assert [a.request.id for a in sched.admit(4.0, w)] == ["s2"]
+
+
+def test_the_per_app_gap_follows_the_workers_light_load_speed() -> None:
+    """With ``app_gap_steps`` the per-app cap holds that many times the shortest mean gap
+    of recent intervals that ended with at most the cap's floor of sequences in flight;
+    busy intervals do not move it, the configured gap holds until a light one is seen, and
+    a light gap older than LIGHT_WINDOW_S gives way to a newer one."""
+    rule = PacingRule(target_gap_s=0.015, interval_s=0.5, max_cap=16, app_gap_steps=2.5)
+    p = WorkerPacer(rule, 0.0, app_min_cap=4)
+    assert p.state().app_gap_s == pytest.approx(0.015)  # nothing light seen yet
+    p.observe(0.010, 5)
+    p.update(0.5, 0, 12, in_flight=12)  # busy: 2 ms a token says nothing of the speed
+    assert p.state().app_gap_s == pytest.approx(0.015)
+    p.observe(0.008, 2)  # 4 ms a token with two sequences in flight
+    p.update(1.0, 0, 2, in_flight=2)
+    assert p.state().app_gap_s == pytest.approx(0.010)
+    p.observe(0.006, 2)  # faster: the shortest light gap counts
+    p.update(1.5, 0, 1, in_flight=1)
+    assert p.state().app_gap_s == pytest.approx(0.0075)
+    p.observe(0.010, 2)
+    p.update(2.0, 0, 3, in_flight=3)
+    assert p.state().app_gap_s == pytest.approx(0.0075)
+    # Ten minutes on, the box runs slower: the old light gaps have left the window.
+    p.observe(0.009, 2)
+    p.update(2.0 + LIGHT_WINDOW_S, 0, 1, in_flight=1)
+    assert p.state().app_gap_s == pytest.approx(0.01125)
+    # The cap judges its intervals against the gap it holds now: 12 ms is over 11.25.
+    p.observe(0.012, 1)
+    p.update(2.5 + LIGHT_WINDOW_S, 0, 16, in_flight=16)
+    assert p.app_cap == 13  # floor(16 x 0.85)
+    fixed = WorkerPacer(replace(rule, app_gap_steps=None), 0.0, app_min_cap=4)
+    fixed.observe(0.008, 2)
+    fixed.update(0.5, 0, 2, in_flight=2)
+    assert fixed.state().app_gap_s == pytest.approx(0.015)
+    assert WorkerPacer(rule, 0.0).state().app_gap_s is None  # no per-app cap
+    with pytest.raises(ValueError):
+        replace(rule, app_gap_steps=0.5)
 
 
 def test_worker_pacer_cuts_apps_only_once_background_is_at_its_floor() -> None:

@@ -58,6 +58,14 @@ def test_the_flood_prefill_limit_reaches_the_rule() -> None:
         settings(flood_prefill=0)
 
 
+def test_the_per_app_gap_may_follow_the_workers_speed() -> None:
+    assert pacing_rule(settings()).app_gap_steps is None  # type: ignore[union-attr]
+    rule = pacing_rule(settings(app_gap_steps=2.5))
+    assert rule is not None and rule.app_gap_steps == 2.5
+    with pytest.raises(Exception, match="app_gap_steps"):
+        settings(app_gap_steps=0.5)
+
+
 def test_the_flood_yield_reaches_the_rule() -> None:
     assert settings().scheduler.pacing.flood_yields is True
     assert pacing_rule(settings()).flood_yields is True  # type: ignore[union-attr]
