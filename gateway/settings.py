@@ -445,7 +445,9 @@ class Pacing(_Strict):
     # (the shortest mean gap of a 500 ms interval with at most app_min_cap sequences in
     # flight, over the last 10 minutes), so that it follows the box's speed from hour to
     # hour and box to box; the gap above holds until such an interval is seen. null: the
-    # gap above always.
+    # gap above always. Off: measured in one fast hour only, where the light gap was
+    # 2.7-2.8 ms and 2.5x of it held the flood and missed the tail like a fixed 8 ms
+    # (loadtests/results/app-speed-2rounds.md); its factor across hours is not measured.
     app_gap_steps: float | None = Field(None, ge=1)
     # An app with at least app_min_cap interactive sequences on a worker floods it: it may
     # have only this many prompts in prefill there at once, so a light app's prompt does
