@@ -117,7 +117,8 @@ class Ticket:
             c.paced.prefill_ended(self.worker, now, not self.interactive)
         if not self._prefill_done:
             self._prefill_done = True
-            if c.scheduler.on_answered(self.request.id):
+            # A first token changes what admission sees only through the flood limits.
+            if c.scheduler.on_answered(self.request.id) and c.paced.flood is not None:
                 c.pump()
 
     def _now(self) -> float:

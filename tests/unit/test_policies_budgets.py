@@ -233,6 +233,7 @@ def test_budgets_are_never_exceeded(log: list[Op], limits: list[WorkerBudget]) -
     for u in run.sched.worker_usage().values():
         assert (u.in_flight, u.prefill_tokens, u.interactive_prefill_tokens) == (0, 0, 0)
         assert u.prefill_requests == 0 and not u.in_flight_by_class
+        assert not u.awaiting and not u.interactive_by_app  # no light app left "waiting"
 
 
 def test_n_completions_take_a_slot_each_and_too_many_run_alone() -> None:
