@@ -15,12 +15,36 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from hearthgate.policies.budgets import WorkerUsage
 from hearthgate.policies.estimators import PrefillRates
 from hearthgate.policies.pacing import PacingCuts, PacingRule, PacingState, WorkerPacer
 from hearthgate.policies.types import WorkerSnapshot
+
+
+@dataclass(frozen=True)
+class FloodLimits:
+    """The limits on an app that floods a worker (``PacingRule.flood_*``), as every
+    worker's snapshot carries them."""
+
+    at: int | None  # interactive sequences on a worker that make an app a flood there
+    prefill: int | None  # its prompts in prefill there at once (None: no limit)
+    yields: bool  # it waits while a lighter app's request of its class awaits a first token
+    until_first_token: bool  # its prompts count against ``prefill`` until their first token
+
+    def on(self, snap: WorkerSnapshot) -> WorkerSnapshot:
+        """``snap`` carrying these limits."""
+        return replace(
+            snap,
+            flood_at=self.at,
+            flood_prefill=self.prefill,
+            flood_yields=self.yields,
+            flood_until_first_token=self.until_first_token,
+        )
+
+
+_NO_FLOOD_LIMITS = FloodLimits(None, None, False, False)
 
 
 class WorkerPacing:
@@ -66,15 +90,12 @@ class WorkerPacing:
         return min(floor, rule.max_cap)
 
     @property
-    def flood(self) -> tuple[int, int | None, bool, bool] | None:
-        """The flood limits as (sequences that make an app a flood on a worker, its prompts
-        in prefill there or None, whether it yields to lighter apps' first tokens, whether
-        its prompts count until their first token), or None: off (neither limit set, or no
-        per-app pacing)."""
+    def flood(self) -> FloodLimits | None:
+        """The flood limits, or None: off (neither limit set, or no per-app pacing)."""
         at, rule = self.flood_threshold, self.rule
         if at is None or rule is None or (rule.flood_prefill is None and not rule.flood_yields):
             return None
-        return at, rule.flood_prefill, rule.flood_yields, rule.flood_until_first_token
+        return FloodLimits(at, rule.flood_prefill, rule.flood_yields, rule.flood_until_first_token)
 
     @property
     def tracks_prefill(self) -> bool:
@@ -167,37 +188,23 @@ class WorkerPacing:
         (before its first token too: a cold start's burst). A long-prefill or embeddings
         worker is there to take background prompts; the limit protects interactive prompts
         where they run beside them."""
-        flood_at, flood_prefill, yields, until_first = self.flood or (None, None, False, False)
+        limits = self.flood or _NO_FLOOD_LIMITS
         bg_prefill = None if self.rule is None else self.rule.background_prefill
         out = []
         for s in snaps:
             bg = bg_prefill if s.role == "general" else None
             p = self._pacers.get(s.name)
             if p is None:
-                out.append(
-                    replace(
-                        s,
-                        flood_at=flood_at,
-                        flood_prefill=flood_prefill,
-                        flood_yields=yields,
-                        flood_until_first_token=until_first,
-                        background_prefill=bg,
-                    )
-                )
+                out.append(limits.on(replace(s, background_prefill=bg)))
                 continue
-            out.append(
-                replace(
-                    s,
-                    background_cap=p.cap,
-                    app_cap=p.app_cap,
-                    prefill_open=p.prefill_open(now, self._rates.rate(s.name)),
-                    flood_at=flood_at,
-                    flood_prefill=flood_prefill,
-                    flood_yields=yields,
-                    flood_until_first_token=until_first,
-                    background_prefill=bg,
-                )
+            paced = replace(
+                s,
+                background_cap=p.cap,
+                app_cap=p.app_cap,
+                prefill_open=p.prefill_open(now, self._rates.rate(s.name)),
+                background_prefill=bg,
             )
+            out.append(limits.on(paced))
         return out
 
     @property

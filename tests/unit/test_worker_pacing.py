@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from hearthgate.gateway.worker_pacing import WorkerPacing
+from hearthgate.gateway.worker_pacing import FloodLimits, WorkerPacing
 from hearthgate.policies.estimators import PrefillRates
 from hearthgate.policies.pacing import PacingRule
 from hearthgate.policies.types import WorkerSnapshot
@@ -186,11 +186,11 @@ def test_a_new_flood_limit_alone_keeps_the_pacers() -> None:
     cut = p.state()["w0"].background_cap
     assert cut < 8
     p.reconfigure(replace(rule, flood_prefill=2), 4)
-    assert p.state()["w0"].background_cap == cut and p.flood == (4, 2, False, False)
+    assert p.state()["w0"].background_cap == cut and p.flood == FloodLimits(4, 2, False, False)
     p.reconfigure(replace(rule, flood_prefill=None, flood_yields=True), 4)
-    assert p.state()["w0"].background_cap == cut and p.flood == (4, None, True, False)
+    assert p.state()["w0"].background_cap == cut and p.flood == FloodLimits(4, None, True, False)
     p.reconfigure(replace(rule, flood_yields=True, flood_until_first_token=True), 4)
-    assert p.state()["w0"].background_cap == cut and p.flood == (4, 1, True, True)
+    assert p.state()["w0"].background_cap == cut and p.flood == FloodLimits(4, 1, True, True)
     snap = p.apply([WorkerSnapshot("w0")], t + 0.6)[0]
     assert (snap.flood_at, snap.flood_prefill) == (4, 1)
     assert snap.flood_yields and snap.flood_until_first_token
