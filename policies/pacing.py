@@ -97,8 +97,9 @@ class PacingRule:
     app_gap_s: float | None = None
     # The per-app cap's gap as this many times the worker's own token gap under light load
     # (the shortest interval mean gap seen with at most the cap's floor of sequences in
-    # flight, over the last LIGHT_WINDOW_S), so it follows the box's speed; None: fixed at
-    # ``app_target_gap_s``, which also holds until a light interval is seen.
+    # flight, over the last LIGHT_WINDOW_S), so it follows the box's speed, at most
+    # target_gap_s; None: fixed at ``app_target_gap_s``, which also holds until a light
+    # interval is seen.
     app_gap_steps: float | None = None
 
     @property
@@ -430,7 +431,8 @@ class WorkerPacer:
         """With ``app_gap_steps``: after an interval that measured a gap, keep it if the
         worker ran light (at most the per-app floor of sequences), and hold the per-app cap
         to ``app_gap_steps`` x the shortest light gap of the last ``LIGHT_WINDOW_S`` (the
-        newest one when all are older)."""
+        newest one when all are older), never looser than background's gap (on a slow box
+        the multiple would otherwise hold a flood less than background is held)."""
         steps, apps = self.rule.app_gap_steps, self._apps
         if steps is None or apps is None or apps.last_gap_s is None:
             return
@@ -440,4 +442,5 @@ class WorkerPacer:
         while len(light) > 1 and light[0][0] < now - LIGHT_WINDOW_S:
             light.popleft()
         if light:
-            apps.retarget(steps * min(gap for _, gap in light))
+            light_gap = min(gap for _, gap in light)
+            apps.retarget(min(steps * light_gap, self.rule.target_gap_s))

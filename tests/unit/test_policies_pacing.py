@@ -421,7 +421,8 @@ def test_the_per_app_gap_follows_the_workers_light_load_speed() -> None:
     """With ``app_gap_steps`` the per-app cap holds that many times the shortest mean gap
     of recent intervals that ended with at most the cap's floor of sequences in flight;
     busy intervals do not move it, the configured gap holds until a light one is seen, and
-    a light gap older than LIGHT_WINDOW_S gives way to a newer one."""
+    a light gap older than LIGHT_WINDOW_S gives way to a newer one; background's gap is its
+    ceiling."""
     rule = PacingRule(target_gap_s=0.015, interval_s=0.5, max_cap=16, app_gap_steps=2.5)
     p = WorkerPacer(rule, 0.0, app_min_cap=4)
     assert p.state().app_gap_s == pytest.approx(0.015)  # nothing light seen yet
@@ -445,6 +446,10 @@ def test_the_per_app_gap_follows_the_workers_light_load_speed() -> None:
     p.observe(0.012, 1)
     p.update(2.5 + LIGHT_WINDOW_S, 0, 16, in_flight=16)
     assert p.app_cap == 13  # floor(16 x 0.85)
+    # A slow box: 2.5 x 8 ms would be 20 ms, looser than background's 15 ms; 15 ms holds.
+    p.observe(0.016, 2)
+    p.update(3.0 + 2 * LIGHT_WINDOW_S, 0, 2, in_flight=2)
+    assert p.state().app_gap_s == pytest.approx(0.015)
     fixed = WorkerPacer(replace(rule, app_gap_steps=None), 0.0, app_min_cap=4)
     fixed.observe(0.008, 2)
     fixed.update(0.5, 0, 2, in_flight=2)
