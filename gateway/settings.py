@@ -444,7 +444,8 @@ class Pacing(_Strict):
     # The per-app cap's gap as this many times the worker's own token gap under light load
     # (the shortest mean gap of a 500 ms interval with at most app_min_cap sequences in
     # flight, over the last 10 minutes), so that it follows the box's speed from hour to
-    # hour and box to box; the gap above holds until such an interval is seen. null: the
+    # hour and box to box, never looser than background's gap; the gap above holds until
+    # such an interval is seen. null: the
     # gap above always. Off: measured in one fast hour only, where the light gap was
     # 2.7-2.8 ms and 2.5x of it held the flood and missed the tail like a fixed 8 ms
     # (loadtests/results/app-speed-2rounds.md); its factor across hours is not measured.
