@@ -112,6 +112,18 @@ def cpu_set(core: int | str) -> set[int]:
     return cpus
 
 
+def move_process(pid: int, cpus: set[int]) -> None:
+    """Every thread of process ``pid`` (not its children) onto ``cpus``; threads it starts
+    later inherit it. Best effort: a thread that ended meanwhile is skipped."""
+    try:
+        tasks = [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
+    except OSError:
+        return
+    for tid in tasks:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(tid, cpus)
+
+
 def _child_setup(cpus: set[int] | None, die_with_parent: bool) -> None:
     """preexec_fn: keep the child (and all it starts) on ``cpus``; ask Linux to SIGTERM
     the child when the starting thread dies."""
@@ -157,6 +169,7 @@ class VllmWorker(ChildProcess):
         die_with_parent: bool = True,
         nice: int = 0,
         pin_session: bool = True,
+        api_server_core: int | str | None = None,
     ) -> None:
         if kind not in SERVED_NAMES:
             raise ValueError(f"kind must be 'gen' or 'embed', not {kind!r}")
@@ -188,6 +201,10 @@ class VllmWorker(ChildProcess):
         # core from running for up to 7 s while a request was generated (docs/measurements.md,
         # "vLLM's engine core starves its neighbours").
         self.pin_session = pin_session
+        # Once ready, the API server process (HTTP, tokenizing, detokenizing: a fifth of a
+        # core while it streams a few thousand tokens a second) moves to these cores; the
+        # engine core and the compute threads it started stay on the worker's. None: stays.
+        self.api_server_core = api_server_core
         self.served_model_name = SERVED_NAMES[kind]
         self.ready_after: float | None = None
         """Seconds from ``start()`` to ready, once ``wait_ready`` succeeded."""
@@ -337,6 +354,8 @@ class VllmWorker(ChildProcess):
             )
         if self.check_ready():
             self.ready_after = time.monotonic() - self._started_at
+            if self.api_server_core is not None:
+                move_process(proc.pid, cpu_set(self.api_server_core))
             return True
         return False
 

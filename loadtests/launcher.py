@@ -55,6 +55,7 @@ class WorkerFactory(Protocol):
         args: Sequence[str],
         nice: int = 0,
         pin_session: bool = True,
+        api_server_core: int | str | None = None,
     ) -> Worker: ...
 
 
@@ -66,6 +67,7 @@ def _vllm_worker(
     args: Sequence[str],
     nice: int = 0,
     pin_session: bool = True,
+    api_server_core: int | str | None = None,
 ) -> Worker:
     from hearthgate.deploy.vllm_worker import VllmWorker
 
@@ -79,6 +81,7 @@ def _vllm_worker(
         args,
         nice=nice,
         pin_session=pin_session,
+        api_server_core=api_server_core,
     )
 
 
@@ -141,8 +144,9 @@ class Launcher:
         place: WorkerPlacement,
         args: Sequence[str],
         pin_session: bool = True,
+        api_server_core: int | str | None = None,
     ) -> tuple[tuple[str, ...], Worker]:
-        key = (*args, f"pin_session={pin_session}")
+        key = (*args, f"pin_session={pin_session}", f"api_server_core={api_server_core}")
         if current is not None and current[0] == key:
             return current
         if current is not None:
@@ -151,11 +155,19 @@ class Launcher:
         log = self.run_dir / f"vllm-{kind}-{place.port}.log"
         self.log(
             f"bench: starting {kind} worker on port {place.port} core {place.core} "
-            f"nice {place.nice}{'' if pin_session else ' (compute threads only)'} "
+            f"nice {place.nice}{'' if pin_session else ' (compute threads only)'}"
+            f"{'' if api_server_core is None else f', API server on {api_server_core}'} "
             f"({' '.join(args) or 'default flags'}), log {log}"
         )
         worker = self.worker_factory(
-            kind, place.port, place.core, log, args, nice=place.nice, pin_session=pin_session
+            kind,
+            place.port,
+            place.core,
+            log,
+            args,
+            nice=place.nice,
+            pin_session=pin_session,
+            api_server_core=api_server_core,
         )
         worker.start()
         self.restarted = True
@@ -186,6 +198,7 @@ class Launcher:
                 place,
                 target.args_for(name),
                 target.pin_worker_sessions,
+                target.api_server_core,
             )
         if self.need_embed:
             self._embed = self._ensure(

@@ -82,6 +82,9 @@ class TargetSpec(_Model):
     # starts them); false: only vLLM's compute threads there, its engine-core and API
     # server processes free to run on any core (how every bench ran before 2026-12-06).
     pin_worker_sessions: bool = True
+    # Each generation worker's API server process (not the engine core or compute threads
+    # it started) moves to these cores once the worker is ready; None: it stays.
+    api_server_core: int | str | None = None
     # gateway
     config: str | None = None
     settings: dict[str, Any] | None = None

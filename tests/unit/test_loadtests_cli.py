@@ -14,7 +14,7 @@ from hearthgate.loadtests.cli import main
 from hearthgate.loadtests.fakeserver import FakeConfig, serve_in_thread
 from hearthgate.loadtests.launcher import Launcher
 from hearthgate.loadtests.scenario import load_scenario
-from hearthgate.loadtests.targets import TargetError, load_targets
+from hearthgate.loadtests.targets import TargetError, TargetsFile, load_targets
 from hearthgate.loadtests.workload import plan
 
 SCENARIO: dict[str, Any] = {
@@ -280,6 +280,41 @@ def test_launcher_reuses_workers_and_restarts_on_new_flags() -> None:
         "start gen --scheduling-policy priority",
         "stop gen",
         "stop embed",
+    ]
+
+
+def test_launcher_moves_the_api_server_where_a_target_says() -> None:
+    tf = TargetsFile.model_validate(
+        {
+            "gen_worker": {"port": 18210, "core": 1},
+            "targets": [
+                {"name": "stays", "kind": "vllm"},
+                {"name": "moved", "kind": "vllm", "api_server_core": 0},
+            ],
+        }
+    )
+    events: list[str] = []
+
+    def factory(
+        kind: str, port: int, core: int | str, log: Path, args: Sequence[str], **kw: Any
+    ) -> Any:
+        events.append(f"{kind} core={core} api={kw['api_server_core']}")
+        return FakeWorker(events, kind, port, args)
+
+    stays, moved = tf.targets
+    with Launcher(tf, need_embed=False, worker_factory=factory, log=lambda m: None) as la:
+        la.up(stays)
+        la.up(moved)
+        assert la.restarted  # a worker started the other way is not reused
+        la.up(moved)
+        assert not la.restarted
+    assert events == [
+        "gen core=1 api=None",
+        "start gen",
+        "stop gen",
+        "gen core=1 api=0",
+        "start gen",
+        "stop gen",
     ]
 
 

@@ -1,10 +1,11 @@
 """The vLLM launcher builds the command line and environment VLLM_CPU.md requires.
 
-No vLLM process is started here (one test starts a bare Python child).
+No vLLM process is started here (two tests start bare Python children).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import subprocess
@@ -21,6 +22,7 @@ from hearthgate.deploy.vllm_worker import (
     cpu_set,
     find_embed_model,
     gen_dtype,
+    move_process,
 )
 from hearthgate.deploy.vllm_worker_cli import main
 
@@ -164,3 +166,39 @@ def test_the_whole_worker_session_is_kept_on_its_core() -> None:
     ).stdout
     assert out.strip() == f"[{core}]"
     assert VllmWorker("gen", 18130, "0", "l").pin_session
+
+
+def test_move_process_moves_every_thread_of_the_process_not_its_children() -> None:
+    """The API server's move once the worker is ready: its threads go, the engine core it
+    started (a child) stays on the worker's cores."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.fail("needs two CPUs to tell a move from none")  # every box here has two
+    worker_core, api_core = {cpus[0]}, {cpus[-1]}
+    code = (
+        "import subprocess, sys, threading, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
+        "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        preexec_fn=functools.partial(_child_setup, worker_core, False),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        child = int(proc.stdout.readline())
+        tasks = [int(t.name) for t in Path(f"/proc/{proc.pid}/task").iterdir()]
+        assert len(tasks) >= 2
+        move_process(proc.pid, api_core)
+        assert all(os.sched_getaffinity(t) == api_core for t in tasks)
+        assert os.sched_getaffinity(child) == worker_core
+        move_process(2**22 + 1, api_core)  # no such process: nothing to do, no error
+    finally:
+        proc.kill()
+        proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, 9)
