@@ -116,26 +116,15 @@ def prefill_threshold(avx512: bool) -> int:
     return PREFILL_THRESHOLD_AVX512 if avx512 else PREFILL_THRESHOLD_AVX2
 
 
-# With AVX-512 the per-app cap holds an 8 ms gap (0.16 x chat's 50 ms itl) instead of
-# background's 15 ms: beside both floods the chat UI's TTFT p99 36-44 ms instead of 50-64
-# and the scraper 0.71-0.89x of its tokens through vLLM alone (loadtests/results/
-# app-gap.md, app-gap-shipped.md, 3 rounds each). Without AVX-512 the idle worker alone
-# streams at 7-9 ms a token, so an 8 ms gap would hold every flooding app at the cap's
-# floor: not measured there yet.
-APP_TARGET_FRACTION_AVX512 = 0.16
-
-
 def gateway_defaults(avx512: bool) -> dict[str, Any]:
-    """Settings ``make run`` gives the gateway on this box, under the user's own: with
-    AVX-512, the per-app cap's tighter gap (``APP_TARGET_FRACTION_AVX512``); without it,
-    one background prompt in prefill per general worker at a time (each 64-token chunk of
-    a prompt is ~35 ms of a step there, so two or three of them in one step already make
-    every stream's gap longer than chat's 50 ms target)."""
+    """Settings ``make run`` gives the gateway on this box, under the user's own: without
+    AVX-512, one background prompt in prefill per general worker at a time (each 64-token
+    chunk of a prompt is ~35 ms of a step there, so two or three of them in one step
+    already make every stream's gap longer than chat's 50 ms target); with it, none (the
+    per-app cap's gap follows the worker's own speed, ``scheduler.pacing.app_gap_steps``)."""
     if avx512:
-        pacing: dict[str, Any] = {"app_target_fraction": APP_TARGET_FRACTION_AVX512}
-    else:
-        pacing = {"background_prefill": 1}
-    return {"scheduler": {"pacing": pacing}}
+        return {}
+    return {"scheduler": {"pacing": {"background_prefill": 1}}}
 
 
 def gateway_environment(settings: Settings, avx512: bool) -> dict[str, str]:

@@ -433,23 +433,29 @@ class Pacing(_Strict):
     # The gap the per-app cap holds, as a fraction of the smallest interactive itl_ms
     # (whether or not target_gap_ms is set); null: background's gap (target_fraction's or
     # target_gap_ms). A tighter gap holds a flooding app to fewer sequences: the light
-    # app's first tokens come sooner, the flood gets less. `make run` sets 0.16 (8 ms at a
-    # 50 ms itl) on a CPU with AVX-512 (deploy/run_local.py gateway_defaults), where beside
-    # a scraper flood and a flood twice as heavy the chat UI's TTFT p99 was 36-44 ms
-    # against 50-64 ms at background's 15 ms gap, the scraper keeping 0.71-0.89x of its
-    # tokens through vLLM alone; 6 ms left the scraper 0.62x (loadtests/results/app-gap.md,
-    # app-gap-shipped.md, matrix-tight-1round.md). The per-app cap holds an app only while
-    # another app shares its class.
+    # app's first tokens come sooner, the flood gets less. With app_gap_steps (the
+    # default) it holds only until the worker's light-load speed is measured. Fixed at
+    # 0.16 (8 ms at a 50 ms itl) on a CPU with AVX-512, beside a scraper flood and a flood
+    # twice as heavy the chat UI's TTFT p99 was 36-44 ms against 50-64 ms at background's
+    # 15 ms gap, the scraper keeping 0.71-0.89x of its tokens through vLLM alone, but
+    # 0.61x in a slow hour; 6 ms left the scraper 0.62x (loadtests/results/app-gap.md,
+    # app-gap-shipped.md, flood-first.md, matrix-tight-1round.md). The per-app cap holds
+    # an app only while another app shares its class.
     app_target_fraction: float | None = Field(None, gt=0, le=1)
     # The per-app cap's gap as this many times the worker's own token gap under light load
     # (the shortest mean gap of a 500 ms interval with at most app_min_cap sequences in
     # flight, over the last 10 minutes), so that it follows the box's speed from hour to
     # hour and box to box, never looser than background's gap; the gap above holds until
-    # such an interval is seen. null: the
-    # gap above always. Off: measured in one fast hour only, where the light gap was
-    # 2.7-2.8 ms and 2.5x of it held the flood and missed the tail like a fixed 8 ms
-    # (loadtests/results/app-speed-2rounds.md); its factor across hours is not measured.
-    app_gap_steps: float | None = Field(None, ge=1)
+    # such an interval is seen. null: the gap above always. 3 (the default since
+    # 2026-12-07; on an AVX-512 box 6.9-8.0 ms in a fast hour, 9.3-10.9 ms with a fifth of
+    # the worker's core taken by another process): against a fixed 8 ms the chat UI's
+    # TTFT p99 beside a flood was 32 against 36-37 ms in the fast hour and 38-43 against
+    # 36 ms in the slowed one, the flood keeping 0.84-0.91x against 0.89-0.96x and
+    # 0.82-0.87x against 0.78-0.84x of its tokens through vLLM alone: the flood's share
+    # steadier as the box's speed moves (loadtests/results/app-speed3.md,
+    # app-speed3-slowed.md). Without AVX-512 the light gap is 7-9 ms, so background's gap
+    # holds there as before.
+    app_gap_steps: float | None = Field(3.0, ge=1)
     # An app with at least app_min_cap interactive sequences on a worker floods it: it may
     # have only this many prompts in prefill there at once, so a light app's prompt does
     # not wait in vLLM's first-come-first-served queue behind all of its prompts; null: no

@@ -424,9 +424,7 @@ def test_a_make_run_target_gets_the_gateway_settings_make_run_gives_on_this_box(
         for t in tf.targets
     }
     assert pacing["shipped"] == gateway_defaults(avx512).get("scheduler", {}).get("pacing", {})
-    assert pacing["shipped"] == (
-        {"app_target_fraction": 0.16} if avx512 else {"background_prefill": 1}
-    )
+    assert pacing["shipped"] == ({} if avx512 else {"background_prefill": 1})
     # The target's own settings win, key by key.
     assert pacing["own"] == {**pacing["shipped"], "background_prefill": 3}
     assert pacing["bare"] == {}  # only with make_run_flags

@@ -175,15 +175,12 @@ def test_run_local_gives_the_gateway_its_box_settings(
     from hearthgate.deploy.run_local import gateway_environment
 
     var = "HEARTHGATE_SCHEDULER__PACING__BACKGROUND_PREFILL"
-    app = "HEARTHGATE_SCHEDULER__PACING__APP_TARGET_FRACTION"
     monkeypatch.delenv(var, raising=False)
-    monkeypatch.delenv(app, raising=False)
     shipped = load_settings("deploy/settings.example.yaml")
-    # The gateway's own defaults, which the example leaves to the box:
+    # The gateway's own default, which the example leaves to the box:
     assert shipped.scheduler.pacing.background_prefill is None
-    assert shipped.scheduler.pacing.app_target_fraction is None
     assert gateway_environment(shipped, avx512=False) == {var: "1"}
-    assert gateway_environment(shipped, avx512=True) == {app: "0.16"}
+    assert gateway_environment(shipped, avx512=True) == {}
     # What the settings name themselves stays theirs: in the file (null included) ...
     for own in (2, None):
         named = load_settings(
@@ -198,6 +195,4 @@ def test_run_local_gives_the_gateway_its_box_settings(
     assert gateway_environment(from_env, avx512=False) == {}
     # The variables it sets are ones the gateway reads.
     monkeypatch.setenv(var, "1")
-    monkeypatch.setenv(app, "0.16")
-    pacing = load_settings("deploy/settings.example.yaml").scheduler.pacing
-    assert (pacing.background_prefill, pacing.app_target_fraction) == (1, 0.16)
+    assert load_settings("deploy/settings.example.yaml").scheduler.pacing.background_prefill == 1

@@ -58,10 +58,11 @@ def test_the_flood_prefill_limit_reaches_the_rule() -> None:
         settings(flood_prefill=0)
 
 
-def test_the_per_app_gap_may_follow_the_workers_speed() -> None:
-    assert pacing_rule(settings()).app_gap_steps is None  # type: ignore[union-attr]
+def test_the_per_app_gap_follows_the_workers_speed_by_default() -> None:
+    assert pacing_rule(settings()).app_gap_steps == 3.0  # type: ignore[union-attr]
     rule = pacing_rule(settings(app_gap_steps=2.5))
     assert rule is not None and rule.app_gap_steps == 2.5
+    assert pacing_rule(settings(app_gap_steps=None)).app_gap_steps is None  # type: ignore[union-attr]
     with pytest.raises(Exception, match="app_gap_steps"):
         settings(app_gap_steps=0.5)
 
