@@ -283,6 +283,18 @@ def test_launcher_reuses_workers_and_restarts_on_new_flags() -> None:
     ]
 
 
+def _noting_factory(events: list[str], key: str) -> Any:
+    """A worker factory that notes each worker's kind and keyword ``key``."""
+
+    def factory(
+        kind: str, port: int, core: int | str, log: Path, args: Sequence[str], **kw: Any
+    ) -> Any:
+        events.append(f"{kind} {key}={kw[key]}")
+        return FakeWorker(events, kind, port, args)
+
+    return factory
+
+
 def test_launcher_moves_the_api_server_where_a_target_says() -> None:
     tf = TargetsFile.model_validate(
         {
@@ -294,13 +306,7 @@ def test_launcher_moves_the_api_server_where_a_target_says() -> None:
         }
     )
     events: list[str] = []
-
-    def factory(
-        kind: str, port: int, core: int | str, log: Path, args: Sequence[str], **kw: Any
-    ) -> Any:
-        events.append(f"{kind} core={core} api={kw['api_server_core']}")
-        return FakeWorker(events, kind, port, args)
-
+    factory = _noting_factory(events, "api_server_core")
     stays, moved = tf.targets
     with Launcher(tf, need_embed=False, worker_factory=factory, log=lambda m: None) as la:
         la.up(stays)
@@ -309,10 +315,10 @@ def test_launcher_moves_the_api_server_where_a_target_says() -> None:
         la.up(moved)
         assert not la.restarted
     assert events == [
-        "gen core=1 api=None",
+        "gen api_server_core=None",
         "start gen",
         "stop gen",
-        "gen core=1 api=0",
+        "gen api_server_core=0",
         "start gen",
         "stop gen",
     ]
@@ -321,13 +327,7 @@ def test_launcher_moves_the_api_server_where_a_target_says() -> None:
 def test_launcher_restarts_the_workers_when_their_sessions_are_pinned_otherwise() -> None:
     tf = load_targets("pinned-sessions")
     events: list[str] = []
-
-    def factory(
-        kind: str, port: int, core: int | str, log: Path, args: Sequence[str], **kw: Any
-    ) -> Any:
-        events.append(f"{kind} pinned={kw['pin_session']}")
-        return FakeWorker(events, kind, port, args)
-
+    factory = _noting_factory(events, "pin_session")
     fcfs, unpinned = tf.targets[:2]
     assert fcfs.pin_worker_sessions and not unpinned.pin_worker_sessions
     assert fcfs.args_for("gen0") == unpinned.args_for("gen0")
@@ -338,10 +338,10 @@ def test_launcher_restarts_the_workers_when_their_sessions_are_pinned_otherwise(
         la.up(unpinned)
         assert la.restarted
     assert events == [
-        "gen pinned=True",
+        "gen pin_session=True",
         "start gen",
         "stop gen",
-        "gen pinned=False",
+        "gen pin_session=False",
         "start gen",
         "stop gen",
     ]
