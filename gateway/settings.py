@@ -447,7 +447,7 @@ class Pacing(_Strict):
     # flight, over the last 10 minutes), so that it follows the box's speed from hour to
     # hour and box to box, never looser than background's gap; the gap above holds until
     # such an interval is seen. null: the gap above always. 3 (the default since
-    # 2026-12-07; on an AVX-512 box 6.9 ms in a fast hour, 9.3-10.9 ms with a fifth of
+    # 2026-12-07; on an AVX-512 box 6.1-9.3 ms in fast hours, 9.3-10.9 ms with a fifth of
     # the worker's core taken by another process): against a fixed 8 ms the chat UI's
     # TTFT p99 beside a flood was 32 against 36-37 ms in the fast hour and 38-43 against
     # 36 ms in the slowed one, the flood keeping 0.84-0.91x against 0.89-0.96x and
