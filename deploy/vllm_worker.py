@@ -279,6 +279,11 @@ class VllmWorker(ChildProcess):
                 "TOKENIZERS_PARALLELISM": "false",
             }
         )
+        if self.kind == "gen":
+            # Stored responses (GET /v1/responses/{id}, previous_response_id) as OpenAI's
+            # API has them; vLLM keeps them in memory until it restarts. Home Assistant
+            # sends store: false, so its turns cost nothing here.
+            env["VLLM_ENABLE_RESPONSES_API_STORE"] = "1"
         env.update(self._extra_env)
         return env
 

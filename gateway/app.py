@@ -15,12 +15,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
+from hearthgate.gateway import relays
 from hearthgate.gateway.auth import AdminGuard, warn_if_anonymous
 from hearthgate.gateway.batches.api import build_router, owner_name
 from hearthgate.gateway.batches.service import BatchService
 from hearthgate.gateway.batches.service import describe as describe_batches
 from hearthgate.gateway.classify import ANONYMOUS
-from hearthgate.gateway.core import ROUTES, Gateway
+from hearthgate.gateway.core import ROUTES, Gateway, app_key_header
 from hearthgate.gateway.dashboard import status_page
 from hearthgate.gateway.errors import (
     BadRequest,
@@ -81,6 +82,19 @@ class _ProxyRoute:
         await self.gateway.serve(scope, receive, send)
 
 
+def served_paths() -> list[str]:
+    """Every path a client may call, for the 404 that names them."""
+    return [
+        *ROUTES,
+        *relays.BY_MODEL,
+        *relays.STORED,
+        "/v1/models",
+        "/v1/files",
+        "/v1/batches",
+        "/health",
+    ]
+
+
 def create_asgi_app(
     settings: Settings,
     clock: Callable[[], float] = time.perf_counter,
@@ -123,7 +137,7 @@ def create_app(
 
     async def app_key(request: Request) -> None:
         """Non-proxy /v1 routes: an app's key whenever apps have keys, as on the proxy."""
-        gw.classifier.authenticate(request.headers.get("authorization"))
+        gw.classifier.authenticate(app_key_header(request.headers))
 
     def owner_of(request: Request) -> str:
         app = gw.classifier.authenticate(request.headers.get("authorization"))
@@ -164,7 +178,10 @@ def create_app(
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         err: GatewayError
         if exc.status_code == 404:
-            err = NotFound(f"no route {request.method} {request.url.path}")
+            err = NotFound(
+                f"no route {request.method} {request.url.path}; this gateway serves "
+                f"{', '.join(served_paths())}"
+            )
         elif exc.status_code == 405:
             err = MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}")
         else:
@@ -195,6 +212,27 @@ def create_app(
         name = found.name if found is not None else ANONYMOUS
         data = gw.admission.queue_of(name)
         return JSONResponse({"object": "list", "app": name, "data": data})
+
+    for path in relays.BY_MODEL:
+
+        @app.post(path, dependencies=[Depends(app_key)])
+        async def relay_by_model(request: Request) -> Response:
+            return await relays.by_model(gw, request)
+
+    @app.get("/v1/responses/{response_id}", dependencies=[Depends(app_key)])
+    async def get_response(request: Request, response_id: str) -> Response:
+        return await relays.stored(gw, request, response_id, cancel=False)
+
+    @app.post("/v1/responses/{response_id}/cancel", dependencies=[Depends(app_key)])
+    async def cancel_response(request: Request, response_id: str) -> Response:
+        return await relays.stored(gw, request, response_id, cancel=True)
+
+    @app.get("/health")
+    async def health() -> Response:
+        """As vLLM answers it (benchmark clients probe it first): 200 with no body while a
+        worker is up, 503 when none is or the gateway is shutting down."""
+        up = not gw.draining and any(w.up for w in gw.pool.workers)
+        return Response(status_code=200 if up else 503)
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:

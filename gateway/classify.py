@@ -67,7 +67,7 @@ class Classifier:
         return found
 
     def max_tokens(self, parsed: ParsedRequest) -> int:
-        if parsed.endpoint == "embeddings":
+        if not parsed.spec.generates:
             return 0
         per_sequence = parsed.max_tokens
         if per_sequence is None:

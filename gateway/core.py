@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
@@ -24,6 +25,7 @@ from hearthgate.gateway.admission import AdmissionController
 from hearthgate.gateway.classify import CLASS_HEADER, Classification, Classifier
 from hearthgate.gateway.coalesce import Coalescer, client_upstream, window_policies
 from hearthgate.gateway.dispatch import dispatch
+from hearthgate.gateway.endpoints import BY_PATH
 from hearthgate.gateway.errors import (
     ClientGone,
     GatewayError,
@@ -49,6 +51,7 @@ from hearthgate.gateway.scheduling import (
 )
 from hearthgate.gateway.settings import Settings
 from hearthgate.gateway.status import render_status
+from hearthgate.gateway.stored import AnswerHomes
 from hearthgate.gateway.tokens import token_counter
 from hearthgate.gateway.upstream import AiohttpUpstream, UpstreamClient
 from hearthgate.gateway.workers import WorkerPool, WorkerState
@@ -56,11 +59,17 @@ from hearthgate.policies.types import QueuedRequest
 
 log = logging.getLogger("hearthgate")
 
-ROUTES = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completions",
-    "/v1/embeddings": "embeddings",
-}
+# The scheduled routes: client path -> endpoint name (gateway/endpoints).
+ROUTES = {path: e.name for path, e in BY_PATH.items()}
+
+
+def app_key_header(headers: Headers) -> str | None:
+    """The client's ``Authorization`` header; Anthropic's clients send the key as
+    ``x-api-key`` instead, taken as a bearer key."""
+    auth = headers.get("authorization")
+    if auth is None and (key := headers.get("x-api-key")):
+        return f"Bearer {key}"
+    return auth
 
 
 class Gateway:
@@ -115,7 +124,8 @@ class Gateway:
         self.pool.on_change = self.admission.pump
         self.pool.on_down = self._worker_down
         self.pool.on_prefill = self.admission.prefill_rates.observe
-        self.proxy = Proxy(self.client, self.pool, settings, clock)
+        self.homes = AnswerHomes()  # where stored answers live (gateway/stored.py)
+        self.proxy = Proxy(self.client, self.pool, settings, clock, self.homes)
         self.coalescer = Coalescer(  # embeddings batching (gateway/coalesce.py)
             client_upstream(self.client, settings),
             self.pool,
@@ -256,11 +266,17 @@ class Gateway:
                 raise self._shutting_down()
             app = None
             if on_behalf is None:
-                app = self.classifier.authenticate(request.headers.get("authorization"))
+                app = self.classifier.authenticate(app_key_header(request.headers))
             lim = self.settings.limits
             raw = await read_body(request, lim.max_body_bytes)
             parsed = parse_body(
-                raw, ROUTES[route], lim.max_json_depth, lim.max_n, lim.max_embedding_inputs
+                raw,
+                ROUTES[route],
+                lim.max_json_depth,
+                lim.max_n,
+                lim.max_embedding_inputs,
+                path=route,
+                query=scope.get("query_string", b"").decode("latin-1"),
             )
             model = parsed.model
             if model not in self._models():
@@ -327,14 +343,23 @@ class Gateway:
         return self.settings.models()
 
     def list_models(self) -> dict[str, Any]:
+        """Every model the workers serve, in the order of the settings (clients such as
+        Continue take the first), with ``max_model_len`` where the worker reported it;
+        answered from memory, however busy the workers are."""
         created = int(self.started_at)
-        return {
-            "object": "list",
-            "data": [
-                {"id": m, "object": "model", "created": created, "owned_by": "hearthgate"}
-                for m in self._models()
-            ],
-        }
+        data: list[dict[str, Any]] = []
+        for m in self._models():
+            entry: dict[str, Any] = {
+                "id": m,
+                "object": "model",
+                "created": created,
+                "owned_by": "hearthgate",
+            }
+            n = self.pool.max_model_len(m)
+            if n is not None:
+                entry["max_model_len"] = n
+            data.append(entry)
+        return {"object": "list", "data": data}
 
     def status(self) -> dict[str, Any]:
         return render_status(

@@ -16,7 +16,7 @@ from starlette.responses import Response
 
 from hearthgate.gateway.classify import Classification
 from hearthgate.gateway.embed_batch import mergeable
-from hearthgate.gateway.errors import ClientGone, NoWorkerAvailable, class_gone
+from hearthgate.gateway.errors import BadRequest, ClientGone, NoWorkerAvailable, class_gone
 from hearthgate.gateway.lease import FirstByteTimeout, Lease, WorkerLost
 from hearthgate.gateway.parse import ParsedRequest
 from hearthgate.gateway.proxy import AnswerBroke
@@ -26,8 +26,40 @@ from hearthgate.policies.types import QueuedRequest
 
 if TYPE_CHECKING:
     from hearthgate.gateway.core import Gateway
+    from hearthgate.gateway.workers import WorkerState
 
 log = logging.getLogger("hearthgate")
+
+
+def serving_workers(gw: Gateway, parsed: ParsedRequest) -> list[WorkerState]:
+    """The workers that may answer ``parsed``: those serving its model; for a follow-up
+    naming a stored answer (``previous_response_id``), only the worker that holds it.
+    Raises BadRequest when that worker is gone (removed, or down: vLLM keeps stored
+    answers in memory) or unknown while several could hold it."""
+    candidates = gw.pool.for_model(parsed.model)
+    previous = parsed.body.get("previous_response_id") if parsed.spec.stores_answers else None
+    if not isinstance(previous, str):
+        return candidates
+    home = gw.homes.home(previous)
+    if home is None:
+        if len(candidates) <= 1:
+            return candidates  # the only worker that could hold it answers for itself
+        raise BadRequest(
+            f"previous response {previous!r} is unknown to this gateway (it may have been "
+            "restarted since); send the conversation again without previous_response_id",
+            param="previous_response_id",
+            code="previous_response_not_found",
+        )
+    held = [w for w in candidates if w.name == home]
+    if not held or held[0].up is False:
+        raise BadRequest(
+            f"previous response {previous!r} was stored by worker {home}, which is gone "
+            "(down or removed, and its stored responses with it); send the conversation "
+            "again without previous_response_id",
+            param="previous_response_id",
+            code="previous_response_not_found",
+        )
+    return held
 
 
 async def dispatch(
@@ -51,7 +83,8 @@ async def dispatch(
     done = functools.partial(gw.record_result, route, parsed.model, c)
     # Mergeable embeddings go through the coalescer (a bad input is refused here, alone).
     batching = mergeable(parsed)
-    workers = frozenset(w.name for w in gw.pool.for_model(parsed.model))
+    candidates = serving_workers(gw, parsed)
+    workers = frozenset(w.name for w in candidates)
     n = parsed.body.get("n")
     sequences = n if isinstance(n, int) and n > 1 else 1
     failed: set[str] = set()
@@ -68,6 +101,7 @@ async def dispatch(
             max_tokens=c.max_tokens,
             workers=workers,
             endpoint=parsed.endpoint,
+            pooling=parsed.spec.pooling,
             sequences=sequences,
         )
         healthy = gw.pool.any_up(workers)
@@ -114,7 +148,7 @@ async def dispatch(
         lease.end_attempt(0, 0)
         failed.add(worker.name)
         worker.failovers += 1
-        serving = [(w.name, w.up is not False) for w in gw.pool.for_model(parsed.model)]
+        serving = [(w.name, w.up is not False) for w in candidates]
         step = next_step(serving, frozenset(failed), failure, attempt)
         if isinstance(step, Retry):
             log.info("retrying on %s (attempt %d)", ", ".join(sorted(step.workers)), attempt)

@@ -39,11 +39,17 @@ class GatewayError(Exception):
     outcome: ClassVar[Outcome] = Outcome.INTERNAL
 
     def __init__(
-        self, message: str, *, retry_after_s: int | None = None, code: str | None = None
+        self,
+        message: str,
+        *,
+        retry_after_s: int | None = None,
+        code: str | None = None,
+        param: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.retry_after_s = retry_after_s
+        self.param = param
         if code is not None:
             self.code = code
 
@@ -52,7 +58,7 @@ class GatewayError(Exception):
             "error": {
                 "message": self.message,
                 "type": self.type,
-                "param": None,
+                "param": self.param,
                 "code": self.code,
             }
         }

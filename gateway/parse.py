@@ -13,28 +13,35 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
+from hearthgate.gateway.endpoints import ENDPOINTS, Endpoint
 from hearthgate.gateway.errors import BadRequest, ClientGone, PayloadTooLarge
 
 # Integers the gateway reads or forwards must fit a 32-bit signed int, as vLLM's do.
 _MAX_INT = 2**31 - 1
-
-_ENDPOINT_INPUT = {
-    "chat": "messages",
-    "completions": "prompt",
-    "embeddings": "input",
-}
 
 
 @dataclass(frozen=True)
 class ParsedRequest:
     """A validated body and the fields the gateway uses from it."""
 
-    endpoint: str  # "chat" | "completions" | "embeddings"
+    endpoint: str  # the endpoint's name (gateway/endpoints): "chat", "responses", ...
     body: dict[str, Any]
     model: str
     stream: bool
     wants_usage: bool  # the client itself asked for the streaming usage chunk
     max_tokens: int | None
+    path: str = ""  # the client's path (the worker serves the same); "": the endpoint's main
+    query: str = ""  # the client's query string, passed on
+
+    @property
+    def spec(self) -> Endpoint:
+        return ENDPOINTS[self.endpoint]
+
+    @property
+    def upstream_path(self) -> str:
+        """The path and query the worker is asked on."""
+        path = self.path or self.spec.path
+        return f"{path}?{self.query}" if self.query else path
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -114,9 +121,12 @@ def parse_body(
     max_depth: int = 64,
     max_n: int = 8,
     max_inputs: int = 2048,
+    path: str = "",
+    query: str = "",
 ) -> ParsedRequest:
-    """Decode and check a request body for ``endpoint``; raise BadRequest with a clear reason.
-    ``max_n`` bounds ``n``, ``max_inputs`` the items of an embeddings ``input``."""
+    """Decode and check a request body for ``endpoint`` (a name of gateway/endpoints); raise
+    BadRequest with a clear reason. ``max_n`` bounds ``n``, ``max_inputs`` the items of an
+    embeddings ``input``; ``path`` and ``query``: where the client sent it."""
     if not raw.strip():
         raise BadRequest("request body is empty; expected a JSON object")
     body = decode_json(raw, max_depth)
@@ -129,47 +139,43 @@ def parse_body(
     if not isinstance(model, str) or not model:
         raise BadRequest(f"'model' must be a non-empty string, got {_type_name(model)}")
 
-    input_key = _ENDPOINT_INPUT[endpoint]
-    if body.get(input_key) is None:
-        raise BadRequest(f"'{input_key}' is required")
-    if endpoint == "chat":
-        _check(body, "messages", (list,), "an array of messages")
-    elif endpoint == "completions":
-        _check(body, "prompt", (str, list), "a string or an array")
-    else:
-        _check(body, "input", (str, list), "a string or an array")
-
+    spec = ENDPOINTS[endpoint]
+    for group in spec.required:
+        if all(body.get(key) is None for key in group):
+            raise BadRequest(
+                f"'{group[0]}' is required"
+                if len(group) == 1
+                else f"one of {', '.join(repr(k) for k in group)} is required"
+            )
+    for field in spec.types:
+        _check(body, field.key, field.types, field.what)
     _check(body, "stream", (bool,), "a boolean")
     _check(body, "stream_options", (dict,), "an object")
-    _check(body, "max_tokens", (int,), "an integer")
-    _check(body, "max_completion_tokens", (int,), "an integer")
     _check(body, "priority", (int,), "an integer")
     _check(body, "n", (int,), "an integer")
-    for key in ("max_tokens", "max_completion_tokens", "priority", "n"):
+    for key in spec.max_tokens_keys:
+        _check(body, key, (int,), "an integer")
+    for key in (*spec.max_tokens_keys, "priority", "n"):
         v = body.get(key)
         if isinstance(v, int) and not -_MAX_INT <= v <= _MAX_INT:
             raise BadRequest(f"'{key}' is out of range")
     n = body.get("n")
     if n is not None and not 1 <= n <= max_n:
         raise BadRequest(f"'n' must be between 1 and {max_n}")
-    if endpoint == "embeddings" and isinstance(body["input"], list):
-        items = body["input"]
-        token_ids = bool(items) and all(type(v) is int for v in items)
-        if not token_ids and len(items) > max_inputs:
-            raise BadRequest(f"'input' holds {len(items)} items; at most {max_inputs} per request")
+    if spec.check is not None:
+        spec.check(body, max_inputs)
 
     stream = bool(body.get("stream") or False)
-    if endpoint == "embeddings" and stream:
-        raise BadRequest("'stream' is not supported for embeddings")
+    if stream and spec.reader is None:
+        raise BadRequest(f"'stream' is not supported for {endpoint}")
     opts = body.get("stream_options") or {}
     if opts and not stream:
         raise BadRequest("'stream_options' is only allowed when 'stream' is true")
     wants_usage = bool(opts.get("include_usage") or False)
-    max_tokens = body.get("max_completion_tokens")
-    if max_tokens is None:
-        max_tokens = body.get("max_tokens")
+    max_tokens = next((body[k] for k in spec.max_tokens_keys if body.get(k) is not None), None)
     if max_tokens is not None and max_tokens < 1:
-        raise BadRequest("'max_tokens' must be at least 1")
+        key = next(k for k in spec.max_tokens_keys if body.get(k) is not None)
+        raise BadRequest(f"'{key}' must be at least 1")
     return ParsedRequest(
         endpoint=endpoint,
         body=body,
@@ -177,4 +183,6 @@ def parse_body(
         stream=stream,
         wants_usage=wants_usage,
         max_tokens=max_tokens,
+        path=path,
+        query=query,
     )

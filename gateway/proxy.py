@@ -25,34 +25,31 @@ import anyio
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from hearthgate.gateway.endpoints.spec import count
 from hearthgate.gateway.errors import GatewayError, UpstreamFailed, sse_error_event
 from hearthgate.gateway.lease import Lease, WorkerLost
 from hearthgate.gateway.parse import ParsedRequest
 from hearthgate.gateway.settings import Settings
 from hearthgate.gateway.sse import SseSplitter, StreamObserver
+from hearthgate.gateway.stored import AnswerHomes
 from hearthgate.gateway.upstream import UpstreamClient, UpstreamResponse, WorkerUnreachable
 from hearthgate.gateway.workers import WorkerPool, WorkerState
 
 log = logging.getLogger("hearthgate.proxy")
 
-PATHS = {
-    "chat": "/v1/chat/completions",
-    "completions": "/v1/completions",
-    "embeddings": "/v1/embeddings",
-}
 # A worker that answers with one of these before the client got any byte failed as a
 # whole (vLLM: its engine died, e.g. while shutting down): the request is retried on
 # another worker, and the answer passed on only when none is left.
 RETRY_STATUS = frozenset({500, 502, 503, 504})
 
 
-def model_swap(parsed: ParsedRequest, worker: WorkerState) -> tuple[bytes, bytes] | None:
-    """(upstream, logical) JSON-encoded model names when ``worker`` serves the requested
-    logical model under another name; None when the names agree."""
-    upstream = worker.spec.upstream_models.get(parsed.model)
-    if upstream is None or upstream == parsed.model:
+def model_swap(model: str, worker: WorkerState) -> tuple[bytes, bytes] | None:
+    """(upstream, logical) JSON-encoded model names when ``worker`` serves the logical
+    ``model`` under another name; None when the names agree."""
+    upstream = worker.spec.upstream_models.get(model)
+    if upstream is None or upstream == model:
         return None
-    return json.dumps(upstream).encode(), json.dumps(parsed.model).encode()
+    return json.dumps(upstream).encode(), json.dumps(model).encode()
 
 
 def swap_model(data: bytes, swap: tuple[bytes, bytes]) -> bytes:
@@ -68,7 +65,7 @@ def upstream_body(parsed: ParsedRequest, worker: WorkerState, priority: int | No
     priority where the worker schedules by it."""
     body: dict[str, Any] = dict(parsed.body)
     body["model"] = worker.spec.upstream_model(parsed.model)
-    if parsed.stream and not parsed.wants_usage:
+    if parsed.stream and parsed.spec.ask_usage and not parsed.wants_usage:
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
     if worker.spec.priority_scheduling and priority is not None:
         body["priority"] = priority  # vLLM: lower runs first
@@ -78,21 +75,23 @@ def upstream_body(parsed: ParsedRequest, worker: WorkerState, priority: int | No
     return json.dumps(body).encode()
 
 
-def read_usage(content: bytes) -> tuple[int | None, int | None]:
-    """(prompt, completion) tokens of a JSON answer's ``usage``; None where absent or odd."""
+def read_answer(
+    content: bytes, keys: tuple[str, str | None] = ("prompt_tokens", "completion_tokens")
+) -> tuple[int | None, int | None, str | None]:
+    """(prompt, output) tokens of a JSON answer's ``usage`` under the endpoint's ``keys``
+    (None where absent or odd), and the answer's ``id``."""
     try:
         answer = json.loads(content)
     except (ValueError, RecursionError):
-        return None, None
-    usage = answer.get("usage") if isinstance(answer, dict) else None
+        return None, None, None
+    if not isinstance(answer, dict):
+        return None, None, None
+    ident = answer.get("id") if isinstance(answer.get("id"), str) else None
+    usage = answer.get("usage")
     if not isinstance(usage, dict):
-        return None, None
-
-    def count(key: str) -> int | None:
-        v = usage.get(key)
-        return v if type(v) is int and v >= 0 else None
-
-    return count("prompt_tokens"), count("completion_tokens")
+        return None, None, ident
+    prompt, output = keys
+    return count(usage.get(prompt)), None if output is None else count(usage.get(output)), ident
 
 
 class RelayResponse(StreamingResponse):
@@ -179,11 +178,13 @@ class Proxy:
         pool: WorkerPool,
         settings: Settings,
         clock: Callable[[], float] = time.perf_counter,
+        homes: AnswerHomes | None = None,
     ) -> None:
         self._client = client
         self._pool = pool
         self._settings = settings
         self._clock = clock
+        self.homes = homes if homes is not None else AnswerHomes()
 
     async def forward(
         self,
@@ -208,7 +209,7 @@ class Proxy:
             resp = await lease.guard(
                 self._client.post(
                     worker.name,
-                    worker.spec.url + PATHS[parsed.endpoint],
+                    worker.spec.url + parsed.upstream_path,
                     upstream_body(parsed, worker, priority),
                     self._settings.upstream.read_timeout_s,
                 ),
@@ -263,15 +264,19 @@ class Proxy:
             )
         result = Result(resp.status)
         if resp.status == 200:
-            result.prompt_tokens, result.completion_tokens = read_usage(content)
+            prompt, output, ident = read_answer(content, parsed.spec.usage_keys)
+            result.prompt_tokens, result.completion_tokens = prompt, output
+            if ident is not None and parsed.spec.stores_answers:
+                self.homes.remember(ident, worker.name)
             result.completed = True
             result.e2e_s = self._clock() - received_at
             lease.usage(result.prompt_tokens, result.completion_tokens)
         else:
             lease.usage(0, 0)  # refused by the worker: nothing was computed
-            content = openai_error_body(resp.status, content, PATHS[parsed.endpoint], parsed.model)
+            path = parsed.path or parsed.spec.path
+            content = openai_error_body(resp.status, content, path, parsed.model)
         done(result)
-        swap = model_swap(parsed, worker)
+        swap = model_swap(parsed.model, worker)
         if swap is not None:
             content = swap_model(content, swap)
         return Response(
@@ -293,10 +298,12 @@ class Proxy:
         done: Callable[[Result], None],
     ) -> AsyncIterator[bytes]:
         splitter = SseSplitter()
-        obs = StreamObserver(strip_usage=not parsed.wants_usage)
+        spec = parsed.spec
+        assert spec.reader is not None, "only streaming endpoints stream"
+        obs = StreamObserver(spec.reader(), strip_usage=spec.ask_usage and not parsed.wants_usage)
         clock = self._clock
         result = Result(200)
-        swap = model_swap(parsed, worker)
+        swap = model_swap(parsed.model, worker)
 
         def relayed(chunk: bytes) -> bytes:
             now = clock()
@@ -330,11 +337,10 @@ class Proxy:
                 yield b"data: [DONE]\n\n"
         finally:
             # Bookkeeping first and synchronous; the lease gives everything back.
-            usage = obs.usage or {}
-            prompt = usage.get("prompt_tokens")
-            completion = usage.get("completion_tokens")
-            result.prompt_tokens = prompt if type(prompt) is int else None
-            result.completion_tokens = completion if type(completion) is int else None
+            result.prompt_tokens = obs.prompt_tokens
+            result.completion_tokens = obs.completion_tokens
+            if obs.ident is not None and spec.stores_answers:
+                self.homes.remember(obs.ident, worker.name)
             if result.completion_tokens is None and obs.token_events:
                 result.completion_tokens = obs.token_events  # cut short: what was streamed
             lease.usage(result.prompt_tokens, result.completion_tokens)

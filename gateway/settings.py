@@ -24,6 +24,8 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from hearthgate.gateway.endpoints import ENDPOINTS
+
 
 class SettingsError(Exception):
     """The settings file or the environment holds a bad value; the message names the key."""
@@ -85,7 +87,6 @@ class Health(_Strict):
 
 
 WorkerRole = Literal["general", "long_prefill", "embeddings"]
-Endpoint = Literal["chat", "completions", "embeddings"]
 _NAME = r"^[A-Za-z0-9_.-]+$"
 
 
@@ -364,7 +365,7 @@ class App(_Strict):
 class Rule(_Strict):
     """Classification rule; every condition given must hold. The first matching rule wins."""
 
-    endpoint: Endpoint | None = None
+    endpoint: str | None = None  # an endpoint's name (gateway/endpoints): chat, rerank...
     model: str | None = None
     stream: bool | None = None
     min_prompt_tokens: int | None = Field(None, ge=0)
@@ -374,6 +375,13 @@ class Rule(_Strict):
     class_: str = Field(alias="class")
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _known_endpoint(cls, v: str | None) -> str | None:
+        if v is not None and v not in ENDPOINTS:
+            raise ValueError(f"unknown endpoint {v!r}; one of {', '.join(ENDPOINTS)}")
+        return v
 
 
 class Tokens(_Strict):

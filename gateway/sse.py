@@ -3,8 +3,9 @@
 :class:`SseSplitter` cuts the upstream byte stream into whole events as they arrive (no
 buffering beyond one incomplete event). :class:`StreamObserver` looks at each event once:
 it notes when token-bearing events arrive (for time to first token and inter-token gaps),
-takes the usage numbers from the final usage chunk, and says whether the client should see
-that chunk (the gateway asks for usage even when the client did not).
+takes the usage numbers where the endpoint's reader finds them, and says whether the client
+should see OpenAI's usage chunk (the gateway asks for it even when the client did not). What
+each kind of stream carries is its endpoint's :class:`gateway.endpoints.EventReader`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import Any
+
+from hearthgate.gateway.endpoints import EventReader
 
 _SEP = b"\n\n"
 _DATA = b"data:"
@@ -40,56 +43,46 @@ class SseSplitter:
         return rest
 
 
-def _has_token(choice: dict[str, Any]) -> bool:
-    if choice.get("text"):
-        return True
-    delta = choice.get("delta")
-    if isinstance(delta, dict):
-        return bool(
-            delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls")
-        )
-    return False
-
-
-_SLOW = (b'"usage":{', b'"error"', b'"text":""', b'"content":""', b'"content":null')
-_TOKEN = (b'"text":"', b'"content":"', b'"tool_calls":[', b'"reasoning_content":"')
-
-
-def _fast_token(payload: bytes) -> bool | None:
-    """Whether a compact vLLM chunk carries a token, from its bytes alone; None when only
-    a JSON parse can tell (usage, errors, empty texts next to others, other spacing).
-
-    Safe because JSON escapes quotes inside strings: ``"text":"`` can only be a key.
-    """
-    if any(m in payload for m in _SLOW):
-        return None
-    if b'"choices":[{' not in payload:
-        return None
-    return True if any(m in payload for m in _TOKEN) else None
+def event_data(event: bytes) -> bytes | None:
+    """The ``data:`` field of one event (OpenAI's chunks start with it; named events such as
+    the Responses API's put ``event: <type>`` first); None when the event has none."""
+    if event.startswith(_DATA):
+        start = len(_DATA)
+    else:
+        at = event.find(b"\n" + _DATA)
+        if at < 0:
+            return None
+        start = at + 1 + len(_DATA)
+    end = event.find(b"\n", start)
+    return event[start : end if end >= 0 else None].strip()
 
 
 @dataclass
 class StreamObserver:
-    """Watches relayed events; ``strip_usage`` drops the usage-only chunk from the client view."""
+    """Watches relayed events through the endpoint's ``reader`` (gateway/endpoints);
+    ``strip_usage`` drops OpenAI's usage-only chunk from the client view."""
 
-    strip_usage: bool
+    reader: EventReader
+    strip_usage: bool = False
     token_events: int = 0
     first_token_at: float | None = None
     last_token_at: float | None = None
     gaps: list[float] = field(default_factory=list)
-    usage: dict[str, Any] | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
     error: dict[str, Any] | None = None
+    ident: str | None = None  # the answer's id, where the stream names it
     done: bool = False
 
     def observe(self, event: bytes, now: float) -> bool:
         """Record ``event`` seen at ``now``; return True if the client should receive it."""
-        if not event.startswith(_DATA):
+        payload = event_data(event)
+        if payload is None:
             return True
-        payload = event[len(_DATA) :].strip()
         if payload == b"[DONE]":
             self.done = True
             return True
-        fast = _fast_token(payload)
+        fast = self.reader.fast(payload)
         if fast is not None:
             if fast:
                 self._token(now)
@@ -100,20 +93,18 @@ class StreamObserver:
             return True
         if not isinstance(obj, dict):
             return True
-        if "error" in obj and isinstance(obj["error"], dict):
-            self.error = obj["error"]
-            return True
-        usage = obj.get("usage")
-        choices = obj.get("choices")
-        if isinstance(usage, dict):
-            self.usage = usage
-            if not choices:
-                return not self.strip_usage
-        if isinstance(choices, list) and any(
-            isinstance(c, dict) and _has_token(c) for c in choices
-        ):
+        seen = self.reader.read(obj)
+        if seen.error is not None:
+            self.error = seen.error
+        if seen.prompt_tokens is not None:
+            self.prompt_tokens = seen.prompt_tokens
+        if seen.completion_tokens is not None:
+            self.completion_tokens = seen.completion_tokens
+        if seen.ident is not None:
+            self.ident = seen.ident
+        if seen.token:
             self._token(now)
-        return True
+        return not (seen.usage_only and self.strip_usage)
 
     def _token(self, now: float) -> None:
         self.token_events += 1

@@ -23,14 +23,6 @@ from hearthgate.gateway.workers import WorkerPool
 
 log = logging.getLogger("hearthgate.tokens")
 
-# Top-level fields whose text a chat template or the completions endpoint renders into the
-# prompt, besides the main input.
-_EXTRA_FIELDS = {
-    "chat": ("tools", "functions", "documents"),
-    "completions": ("suffix",),
-    "embeddings": (),
-}
-_INPUT = {"chat": "messages", "completions": "prompt", "embeddings": "input"}
 # Message keys that are markup, not text (the template adds a few tokens for them).
 _MARKUP = frozenset({"role", "type"})
 
@@ -74,8 +66,9 @@ def text_len(value: Any) -> tuple[int, int]:
 
 def prompt_chars(parsed: ParsedRequest) -> tuple[int, int]:
     """(characters, token ids) over every field of the request that carries prompt text."""
-    chars, ids = text_len(parsed.body.get(_INPUT[parsed.endpoint]))
-    for key in _EXTRA_FIELDS[parsed.endpoint]:
+    main, *extra = parsed.spec.text_fields
+    chars, ids = text_len(parsed.body.get(main))
+    for key in extra:
         value = parsed.body.get(key)
         if value is None:
             continue
@@ -129,7 +122,8 @@ class WorkerTokenizer:
 
     async def count(self, parsed: ParsedRequest) -> int:
         estimate = self._heuristic.estimate(parsed)
-        if parsed.endpoint == "embeddings":
+        key = parsed.spec.tokenize_key
+        if key is None:
             return estimate
         chars, _ = prompt_chars(parsed)
         if chars < self._min_chars:
@@ -137,11 +131,10 @@ class WorkerTokenizer:
         worker = self._pool.pick(parsed.model)
         if worker is None:
             return estimate
-        key = _INPUT[parsed.endpoint]
         body: dict[str, Any] = {"model": worker.spec.upstream_model(parsed.model)}
         body[key] = parsed.body[key]
         for extra in ("tools", "documents"):
-            if parsed.body.get(extra) is not None and parsed.endpoint == "chat":
+            if parsed.body.get(extra) is not None and key == "messages":
                 body[extra] = parsed.body[extra]
         try:
             resp = await self._client.post(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import re
 import time
@@ -39,6 +40,9 @@ class WorkerState:
     scraped_at: float | None = None
     failovers: int = 0  # requests moved to another worker after this one failed them
     consecutive_drops: int = 0  # connections dropped before an answer, in a row
+    # Served model name -> its max_model_len, from the worker's /v1/models once it is up
+    # (None: not read since it last came up). Clients read it from the gateway's list.
+    model_lens: dict[str, int] | None = None
 
     @property
     def name(self) -> str:
@@ -221,6 +225,7 @@ class WorkerPool:
         if was_up:
             log.warning("worker %s marked down: %s", worker.name, reason)
         worker.up = False
+        worker.model_lens = None  # it may come back with other settings
         worker.last_error = reason
         self._metrics.worker_up.labels(worker.name).set(0)
         if was_up:
@@ -266,6 +271,8 @@ class WorkerPool:
         worker.last_check = self._clock()
         if ok:
             self._mark_up(worker)
+            if worker.model_lens is None:
+                await self._read_models(client, worker)
             return True
         worker.consecutive_failures += 1
         # A refused connection means nothing listens: down at once. A slow answer is often
@@ -277,6 +284,34 @@ class WorkerPool:
                 "worker %s: %s (%d in a row)", worker.name, reason, worker.consecutive_failures
             )
         return False
+
+    async def _read_models(self, client: UpstreamClient, worker: WorkerState) -> None:
+        """Note each served model's ``max_model_len`` (an OpenAI-compatible speech server
+        may list none: an empty map, read once)."""
+        try:
+            status, body = await client.get(
+                worker.name, worker.spec.url + "/v1/models", self._health.timeout_s
+            )
+            data = json.loads(body).get("data") if status == 200 else None
+        except Exception as exc:  # tried again at the next check
+            log.debug("reading %s's models failed: %r", worker.name, exc)
+            return
+        lens: dict[str, int] = {}
+        for entry in data if isinstance(data, list) else []:
+            if isinstance(entry, dict) and isinstance(entry.get("id"), str):
+                n = entry.get("max_model_len")
+                if type(n) is int and n > 0:
+                    lens[entry["id"]] = n
+        worker.model_lens = lens
+
+    def max_model_len(self, model: str) -> int | None:
+        """The context length of logical ``model`` as its first worker (settings order)
+        that reported one serves it."""
+        for w in self.for_model(model):
+            n = (w.model_lens or {}).get(w.spec.upstream_model(model))
+            if n is not None:
+                return n
+        return None
 
     async def scrape(self, client: UpstreamClient, worker: WorkerState) -> None:
         """Read the worker's vLLM gauges; on any failure (or a page that does not parse)

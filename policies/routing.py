@@ -95,7 +95,7 @@ DEFAULT_POLICY = RoutingPolicy()
 
 def request_kind(req: QueuedRequest, policy: RoutingPolicy = DEFAULT_POLICY) -> str:
     """``embeddings``, ``long`` (prefers a long-prefill worker) or ``short``."""
-    if req.endpoint == "embeddings":
+    if req.pooling or req.endpoint == "embeddings":
         return "embeddings"
     threshold = policy.long_prefill_min_tokens
     if threshold is not None and req.prompt_tokens >= threshold:

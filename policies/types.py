@@ -53,9 +53,11 @@ class QueuedRequest:
     max_tokens: int
     deadline: float | None = None
     workers: frozenset[str] | None = None
-    # The endpoint ("chat", "completions", "embeddings"; None: unknown, a generation
-    # request): the router sends embeddings to an ``embeddings`` worker when one is healthy.
+    # The endpoint's name ("chat", "embeddings", "rerank"...; None: unknown, a generation
+    # request). ``pooling``: no output (embeddings, rerank, score): the router sends it to
+    # an ``embeddings`` worker when one is healthy.
     endpoint: str | None = None
+    pooling: bool = False
     # Sequences the request runs as on the worker (``n`` completions decode as ``n``): each
     # takes a slot of the worker's in-flight budgets.
     sequences: int = 1

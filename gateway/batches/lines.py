@@ -12,15 +12,12 @@ import json
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from hearthgate.gateway.endpoints import BATCH_PATHS
 from hearthgate.gateway.errors import BadRequest
 from hearthgate.gateway.parse import decode_json, parse_body
 
 # The endpoints a batch may target, and the kind of request each line is.
-BATCH_ENDPOINTS = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completions",
-    "/v1/embeddings": "embeddings",
-}
+BATCH_ENDPOINTS = {path: e.name for path, e in BATCH_PATHS.items()}
 
 # How many problems one 400 lists before it says "and N more".
 _SHOWN = 5

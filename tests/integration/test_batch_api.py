@@ -463,7 +463,7 @@ async def test_batch_request_refusals(redis_url: str) -> None:
         assert (
             r.status_code == 400 and "'completion_window' must be \"24h\"" in error_of(r)["message"]
         )
-        r = await create(endpoint="/v1/responses")
+        r = await create(endpoint="/v1/audio/speech")
         assert r.status_code == 400 and "'endpoint' must be one of" in error_of(r)["message"]
         r = await create(input_file_id=None)
         assert r.status_code == 400 and "'input_file_id' is required" in error_of(r)["message"]

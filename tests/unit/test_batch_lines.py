@@ -310,7 +310,7 @@ def test_check_with_exactly_five_problems_says_no_more() -> None:
     assert "more)" not in exc.value.message
 
 
-@pytest.mark.parametrize("endpoint", ["/v1/responses", "/v1/chat/completions/", "", "chat"])
+@pytest.mark.parametrize("endpoint", ["/v1/audio/speech", "/v1/chat/completions/", "", "chat"])
 def test_check_refuses_an_unsupported_endpoint(endpoint: str) -> None:
     with pytest.raises(BadRequest) as exc:
         check(text(chat_line()), endpoint)

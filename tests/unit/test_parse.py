@@ -22,8 +22,11 @@ def test_chat_stream_flags() -> None:
         "completions",
     )
     assert p.wants_usage
-    p = parse_body(raw(model="m", prompt="x", max_completion_tokens=7, max_tokens=3), "completions")
+    p = parse_body(raw(model="m", messages=[], max_completion_tokens=7, max_tokens=3), "chat")
     assert p.max_tokens == 7
+    # vLLM's completions read max_tokens only (max_completion_tokens is chat's).
+    p = parse_body(raw(model="m", prompt="x", max_completion_tokens=7, max_tokens=3), "completions")
+    assert p.max_tokens == 3
 
 
 @pytest.mark.parametrize(

@@ -82,7 +82,7 @@ def test_model_is_renamed_for_the_worker_and_back() -> None:
     parsed = parse_body(b'{"model": "llama", "prompt": "hi", "stream": true}', "completions")
     body = json.loads(upstream_body(parsed, worker, None))
     assert body["model"] == "up"
-    swap = model_swap(parsed, worker)
+    swap = model_swap(parsed.model, worker)
     assert swap == (b'"up"', b'"llama"')
     chunk = b'data: {"id":"x","model":"up","choices":[{"text":"up"}]}\n\n'
     assert (
@@ -90,7 +90,7 @@ def test_model_is_renamed_for_the_worker_and_back() -> None:
     )
     assert swap_model(b'{"model": "up"}', swap) == b'{"model": "llama"}'
     plain = WorkerState(Worker(name="p", url="http://x", models=["llama"]))
-    assert model_swap(parsed, plain) is None
+    assert model_swap(parsed.model, plain) is None
     assert json.loads(upstream_body(parsed, plain, None))["model"] == "llama"
 
 
