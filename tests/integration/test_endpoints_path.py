@@ -1,0 +1,132 @@
+"""The new endpoints on the request path in-process: stored responses go back to the
+worker that holds them, pooling work to the embeddings worker, Anthropic's key header, and
+every way out gives back what the request held."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from hearthgate.gateway.upstream import UpstreamResponse
+from tests.inprocess import FakeResponse, until
+from tests.integration.test_request_path import idle, post, running
+
+TWO = [
+    {"name": "w0", "url": "http://w0", "models": ["m"]},
+    {"name": "w1", "url": "http://w1", "models": ["m"]},
+]
+
+
+def named(kind: str, obj: dict[str, Any]) -> bytes:
+    return f"event: {kind}\ndata: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
+
+
+def response_stream(ident: str, tokens: int) -> list[bytes]:
+    """A vLLM-like streamed Responses answer of ``tokens`` deltas."""
+    out = [named("response.created", {"type": "response.created", "response": {"id": ident}})]
+    out += [
+        named("response.output_text.delta", {"type": "response.output_text.delta", "delta": "w"})
+        for _ in range(tokens)
+    ]
+    usage = {"input_tokens": 5, "output_tokens": tokens}
+    done = {"type": "response.completed", "response": {"id": ident, "usage": usage}}
+    return [*out, named("response.completed", done)]
+
+
+async def stored_by_worker(worker: str, path: str, body: dict[str, Any]) -> UpstreamResponse:
+    """Each worker names its responses after itself, streamed or not."""
+    ident = f"resp_{worker}_{len(body.get('input', ''))}"
+    if body.get("stream"):
+        return FakeResponse(chunks=response_stream(ident, 3), content_type="text/event-stream")
+    usage = {"input_tokens": 5, "output_tokens": 2}
+    return FakeResponse(chunks=[json.dumps({"id": ident, "usage": usage}).encode()])
+
+
+async def test_a_follow_up_goes_to_the_worker_that_stored_its_response() -> None:
+    async with running(stored_by_worker, workers=TWO) as (gw, _):
+        first = await post(gw, {"model": "m", "input": "hi"}, "/v1/responses").done()
+        home = first.headers["x-hearthgate-worker"]
+        ident = first.json()["id"]
+        for _ in range(4):  # whatever the load, each follow-up goes home
+            body = {"model": "m", "input": "and?", "previous_response_id": ident}
+            ex = await post(gw, body, "/v1/responses").done()
+            assert ex.status == 200 and ex.headers["x-hearthgate-worker"] == home
+        # Streamed answers are remembered too (their id arrives in response.created).
+        streamed = {"model": "m", "input": "stream me", "stream": True}
+        ex = await post(gw, streamed, "/v1/responses").done()
+        worker = ex.headers["x-hearthgate-worker"]
+        assert gw.homes.home(f"resp_{worker}_9") == worker
+        assert idle(gw)
+
+
+async def test_a_follow_up_whose_worker_is_gone_gets_a_clear_400() -> None:
+    async with running(stored_by_worker, workers=TWO) as (gw, _):
+        first = await post(gw, {"model": "m", "input": "hi"}, "/v1/responses").done()
+        home = first.headers["x-hearthgate-worker"]
+        gw.pool.mark_down(gw.pool.by_name[home], "test: stopped")
+        body = {"model": "m", "input": "and?", "previous_response_id": first.json()["id"]}
+        ex = await post(gw, body, "/v1/responses").done()
+        assert ex.status == 400
+        error = ex.json()["error"]
+        assert error["code"] == "previous_response_not_found"
+        assert error["param"] == "previous_response_id" and home in error["message"]
+        unknown = {"model": "m", "input": "x", "previous_response_id": "resp_never"}
+        ex = await post(gw, unknown, "/v1/responses").done()
+        assert ex.status == 400 and "unknown to this gateway" in ex.json()["error"]["message"]
+        assert idle(gw)
+
+
+async def test_responses_stream_is_charged_and_a_client_leaving_mid_stream_frees_all() -> None:
+    async def slow(worker: str, path: str, body: dict[str, Any]) -> UpstreamResponse:
+        # Two deltas, then nothing until the client leaves (no response.completed).
+        return FakeResponse(chunks=response_stream("resp_x", 2)[:-1], hang=True)
+
+    async with running(slow) as (gw, _):
+        ex = post(gw, {"model": "m", "input": "hi", "stream": True}, "/v1/responses")
+        await until(lambda: ex.body.count(b"event: response.output_text.delta") == 2, what="deltas")
+        ex.disconnect()
+        await ex.done()
+        await until(lambda: idle(gw), what="everything given back")
+        # Cut short before any usage: what was streamed is charged (2 deltas).
+        assert gw.app_tokens["anonymous"][1] == 2
+
+
+async def test_pooling_work_goes_to_the_embeddings_worker_on_the_clients_path() -> None:
+    workers = [
+        {"name": "gen", "url": "http://gen", "models": ["r"]},
+        {"name": "emb", "url": "http://emb", "models": ["r"], "role": "embeddings"},
+    ]
+
+    async def ranked(worker: str, path: str, body: dict[str, Any]) -> UpstreamResponse:
+        answer = {"id": "x", "results": [], "usage": {"prompt_tokens": 7, "total_tokens": 7}}
+        return FakeResponse(chunks=[json.dumps(answer).encode()])
+
+    async with running(ranked, workers=workers) as (gw, up):
+        for path in ("/v1/rerank", "/rerank", "/v2/rerank"):
+            body = {"model": "r", "query": "q", "documents": ["a", "b"]}
+            ex = await post(gw, body, path).done()
+            assert ex.status == 200 and ex.headers["x-hearthgate-worker"] == "emb"
+            assert up.posts[-1][:2] == ("emb", path)
+        ex = await post(gw, {"model": "r", "text_1": "a", "text_2": "b"}, "/score").done()
+        assert ex.status == 200 and up.posts[-1][:2] == ("emb", "/score")
+        assert gw.app_tokens["anonymous"] == [28, 0]
+        assert idle(gw)
+
+
+async def test_anthropic_clients_key_header_is_an_app_key() -> None:
+    async def message(worker: str, path: str, body: dict[str, Any]) -> UpstreamResponse:
+        answer = {"id": "msg", "type": "message", "usage": {"input_tokens": 4, "output_tokens": 1}}
+        return FakeResponse(chunks=[json.dumps(answer).encode()])
+
+    apps = [{"name": "coder", "key_env": "HG_TEST_KEY_CODER"}]
+    os.environ["HG_TEST_KEY_CODER"] = "key-coder"
+    body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    async with running(message, apps=apps) as (gw, _):
+        ex = await post(gw, body, "/v1/messages", **{"x-api-key": "key-coder"}).done()
+        assert ex.status == 200 and gw.app_tokens["coder"] == [4, 1]
+        ex = await post(gw, body, "/v1/messages", **{"x-api-key": "wrong"}).done()
+        assert ex.status == 401
+        ex = await post(gw, body, "/v1/messages").done()
+        assert ex.status == 401
+        assert idle(gw)
