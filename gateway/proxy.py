@@ -26,7 +26,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from hearthgate.gateway.endpoints.spec import count
-from hearthgate.gateway.errors import GatewayError, UpstreamFailed, sse_error_event
+from hearthgate.gateway.errors import GatewayError, UpstreamFailed
 from hearthgate.gateway.lease import Lease, WorkerLost
 from hearthgate.gateway.parse import ParsedRequest
 from hearthgate.gateway.settings import Settings
@@ -333,8 +333,7 @@ class Proxy:
             except (UpstreamFailed, WorkerLost) as exc:
                 err: GatewayError = exc if isinstance(exc, UpstreamFailed) else exc.error
                 log.warning("stream from %s broke: %s", worker.name, err.message)
-                yield sse_error_event(err)
-                yield b"data: [DONE]\n\n"
+                yield spec.stream_error(err)
         finally:
             # Bookkeeping first and synchronous; the lease gives everything back.
             result.prompt_tokens = obs.prompt_tokens

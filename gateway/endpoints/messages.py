@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from hearthgate.gateway.endpoints.spec import NOTHING, Endpoint, FieldType, Seen, count
+from hearthgate.gateway.endpoints.spec import (
+    NOTHING,
+    Endpoint,
+    FieldType,
+    Seen,
+    count,
+    named_event,
+)
+from hearthgate.gateway.errors import GatewayError
 
 _TOKEN = b'"type":"content_block_delta"'
 _READ = (b'"type":"message_start"', b'"type":"message_delta"', b'"type":"error"')
@@ -47,6 +55,14 @@ class MessageEvents:
         return NOTHING
 
 
+def stream_error(error: GatewayError) -> bytes:
+    """Anthropic's ``error`` event."""
+    kind = "overloaded_error" if error.status == 503 else "api_error"
+    return named_event(
+        "error", {"type": "error", "error": {"type": kind, "message": error.message}}
+    )
+
+
 MESSAGES = Endpoint(
     name="messages",
     paths=("/v1/messages",),
@@ -58,5 +74,6 @@ MESSAGES = Endpoint(
     text_fields=("messages", "system", "tools"),
     max_tokens_keys=("max_tokens",),
     reader=MessageEvents,
+    stream_error=stream_error,
     usage_keys=("input_tokens", "output_tokens"),
 )

@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from hearthgate.gateway.endpoints.spec import NOTHING, Endpoint, FieldType, Seen, count
+from hearthgate.gateway.endpoints.spec import (
+    NOTHING,
+    Endpoint,
+    FieldType,
+    Seen,
+    count,
+    named_event,
+)
+from hearthgate.gateway.errors import GatewayError
 
 _TOKENS = (
     b'"type":"response.output_text.delta"',
@@ -65,6 +73,12 @@ class ResponseEvents:
         return NOTHING
 
 
+def stream_error(error: GatewayError) -> bytes:
+    """The Responses API's ``error`` event (it has no ``[DONE]``)."""
+    data = {"type": "error", "code": error.code, "message": error.message, "param": None}
+    return named_event("error", data)
+
+
 RESPONSES = Endpoint(
     name="responses",
     paths=("/v1/responses",),
@@ -76,6 +90,7 @@ RESPONSES = Endpoint(
     text_fields=("input", "instructions", "tools"),
     max_tokens_keys=("max_output_tokens",),
     reader=ResponseEvents,
+    stream_error=stream_error,
     usage_keys=("input_tokens", "output_tokens"),
     batch=True,
     stores_answers=True,

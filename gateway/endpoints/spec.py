@@ -14,9 +14,12 @@ connection and vLLM aborts the request (gateway/lease.py).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from hearthgate.gateway.errors import GatewayError, sse_error_event
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +64,16 @@ class FieldType:
     what: str  # "an array of messages": for the error message
 
 
+def openai_stream_error(error: GatewayError) -> bytes:
+    """How an OpenAI chunk stream ends when it breaks off: an error event, then ``[DONE]``."""
+    return sse_error_event(error) + b"data: [DONE]\n\n"
+
+
+def named_event(kind: str, data: dict[str, Any]) -> bytes:
+    """One named server-sent event (``event:`` then ``data:``)."""
+    return f"event: {kind}\ndata: {json.dumps(data)}\n\n".encode()
+
+
 # A check of the whole body beyond field types: raises BadRequest. Arguments: the body and
 # the most inputs one request may hold (limits.max_embedding_inputs).
 BodyCheck = Callable[[dict[str, Any], int], None]
@@ -83,6 +96,8 @@ class Endpoint:
     max_tokens_keys: tuple[str, ...] = ()
     # How a streamed answer is read; None: ``stream`` is refused.
     reader: Callable[[], EventReader] | None = None
+    # The last bytes of a stream that broke off (the worker failed, the gateway shut down).
+    stream_error: Callable[[GatewayError], bytes] = openai_stream_error
     # Where a whole answer's ``usage`` keeps its counts (prompt, output).
     usage_keys: tuple[str, str | None] = ("prompt_tokens", "completion_tokens")
     # Streamed answers carry usage only when asked (OpenAI's ``stream_options``).

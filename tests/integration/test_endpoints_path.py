@@ -130,3 +130,37 @@ async def test_anthropic_clients_key_header_is_an_app_key() -> None:
         ex = await post(gw, body, "/v1/messages").done()
         assert ex.status == 401
         assert idle(gw)
+
+
+async def test_a_broken_stream_ends_in_its_own_kinds_error_event() -> None:
+    """A worker that breaks off mid-stream: each kind of stream ends as its clients expect
+    (OpenAI's chunks with an error and [DONE]; the Responses API's and Anthropic's named
+    ``error`` events, no [DONE])."""
+    from hearthgate.gateway.errors import UpstreamFailed
+
+    first = {
+        "/v1/responses": named("response.created", {"type": "response.created", "response": {}}),
+        "/v1/messages": named("message_start", {"type": "message_start", "message": {}}),
+        "/v1/chat/completions": b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n',
+    }
+
+    async def breaks(worker: str, path: str, body: dict[str, Any]) -> UpstreamResponse:
+        return FakeResponse(chunks=[first[path]], fail=UpstreamFailed("engine died"))
+
+    base = {"model": "m", "stream": True, "max_tokens": 4}
+    bodies = {
+        "/v1/responses": {"model": "m", "stream": True, "input": "hi"},
+        "/v1/messages": {**base, "messages": [{"role": "user", "content": "hi"}]},
+        "/v1/chat/completions": {**base, "messages": [{"role": "user", "content": "hi"}]},
+    }
+    async with running(breaks) as (gw, _):
+        for path, body in bodies.items():
+            ex = await post(gw, body, path).done()
+            tail = ex.body.decode().strip().split("\n\n")[-1]
+            if path == "/v1/chat/completions":
+                assert tail == "data: [DONE]"
+            else:
+                kind, data = tail.split("\n")
+                assert kind == "event: error" and json.loads(data[6:])["type"] == "error"
+                assert "[DONE]" not in ex.body.decode()
+        assert idle(gw)
