@@ -88,6 +88,7 @@ def served_paths() -> list[str]:
         *ROUTES,
         *relays.BY_MODEL,
         *relays.STORED,
+        *relays.SPEECH_LISTS,
         "/v1/models",
         "/v1/files",
         "/v1/batches",
@@ -218,6 +219,12 @@ def create_app(
         @app.post(path, dependencies=[Depends(app_key)])
         async def relay_by_model(request: Request) -> Response:
             return await relays.by_model(gw, request)
+
+    for path in relays.SPEECH_LISTS:
+
+        @app.get(path, dependencies=[Depends(app_key)])
+        async def speech_list(request: Request) -> Response:
+            return await relays.speech_list(gw, request)
 
     @app.get("/v1/responses/{response_id}", dependencies=[Depends(app_key)])
     async def get_response(request: Request, response_id: str) -> Response:

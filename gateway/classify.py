@@ -67,6 +67,8 @@ class Classifier:
         return found
 
     def max_tokens(self, parsed: ParsedRequest) -> int:
+        if parsed.spec.cost is not None:
+            return parsed.spec.cost(parsed)[1]
         if not parsed.spec.generates:
             return 0
         per_sequence = parsed.max_tokens

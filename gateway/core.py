@@ -36,7 +36,7 @@ from hearthgate.gateway.errors import (
 from hearthgate.gateway.inprocess import Answer, OnBehalf
 from hearthgate.gateway.lease import Lease, LeaseBook
 from hearthgate.gateway.metrics import GatewayMetrics, SchedulerCollector, WorkerCollector
-from hearthgate.gateway.parse import parse_body, read_body
+from hearthgate.gateway.parse import parse_body, parse_upload, read_body
 from hearthgate.gateway.proxy import Proxy, Result
 from hearthgate.gateway.scheduling import (
     app_names,
@@ -268,16 +268,23 @@ class Gateway:
             if on_behalf is None:
                 app = self.classifier.authenticate(app_key_header(request.headers))
             lim = self.settings.limits
-            raw = await read_body(request, lim.max_body_bytes)
-            parsed = parse_body(
-                raw,
-                ROUTES[route],
-                lim.max_json_depth,
-                lim.max_n,
-                lim.max_embedding_inputs,
-                path=route,
-                query=scope.get("query_string", b"").decode("latin-1"),
-            )
+            spec = BY_PATH[route]
+            query = scope.get("query_string", b"").decode("latin-1")
+            if spec.form:
+                raw = await read_body(request, lim.max_upload_bytes)
+                ctype = request.headers.get("content-type")
+                parsed = await asyncio.to_thread(parse_upload, raw, ctype, spec.name, route, query)
+            else:
+                raw = await read_body(request, lim.max_body_bytes)
+                parsed = parse_body(
+                    raw,
+                    spec.name,
+                    lim.max_json_depth,
+                    lim.max_n,
+                    lim.max_embedding_inputs,
+                    path=route,
+                    query=query,
+                )
             model = parsed.model
             if model not in self._models():
                 raise ModelNotFound(

@@ -13,8 +13,10 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
+from hearthgate.gateway.audio import audio_seconds
 from hearthgate.gateway.endpoints import ENDPOINTS, Endpoint
 from hearthgate.gateway.errors import BadRequest, ClientGone, PayloadTooLarge
+from hearthgate.gateway.multipart import Form, parse_form
 
 # Integers the gateway reads or forwards must fit a 32-bit signed int, as vLLM's do.
 _MAX_INT = 2**31 - 1
@@ -32,6 +34,8 @@ class ParsedRequest:
     max_tokens: int | None
     path: str = ""  # the client's path (the worker serves the same); "": the endpoint's main
     query: str = ""  # the client's query string, passed on
+    form: Form | None = None  # a multipart body's fields and files (``body``: its fields)
+    audio_s: float | None = None  # the uploaded audio's length (speech-to-text)
 
     @property
     def spec(self) -> Endpoint:
@@ -171,6 +175,8 @@ def parse_body(
     opts = body.get("stream_options") or {}
     if opts and not stream:
         raise BadRequest("'stream_options' is only allowed when 'stream' is true")
+    # Audio is relayed as it arrives, whatever the body says: ``stream`` means that here.
+    stream = stream or spec.audio_out
     wants_usage = bool(opts.get("include_usage") or False)
     max_tokens = next((body[k] for k in spec.max_tokens_keys if body.get(k) is not None), None)
     if max_tokens is not None and max_tokens < 1:
@@ -185,4 +191,55 @@ def parse_body(
         max_tokens=max_tokens,
         path=path,
         query=query,
+    )
+
+
+_TRUE = frozenset({"true", "1", "yes"})
+_FALSE = frozenset({"false", "0", "no", ""})
+
+
+def _form_flag(form: Form, key: str) -> bool:
+    value = form.fields.get(key, "").strip().lower()
+    if value not in _TRUE | _FALSE:
+        raise BadRequest(f"'{key}' must be true or false, got {value!r}")
+    return value in _TRUE
+
+
+def parse_upload(
+    raw: bytes, content_type: str | None, endpoint: str, path: str = "", query: str = ""
+) -> ParsedRequest:
+    """Read and check a multipart speech-to-text upload (run it in a thread: it parses the
+    whole body and reads the audio's header). Needs ``model`` and one ``file``."""
+    form = parse_form(raw, content_type)
+    model = form.fields.get("model", "")
+    if not model:
+        raise BadRequest("'model' is required (a form field)")
+    files = [f for f in form.files if f.name == "file"]
+    if len(files) != 1:
+        raise BadRequest(f"expected one 'file' part with the audio, got {len(files)}")
+    if not files[0].data:
+        raise BadRequest("the uploaded 'file' is empty")
+    stream = _form_flag(form, "stream")
+    wants_usage = _form_flag(form, "stream_include_usage")
+    max_tokens: int | None = None
+    spec = ENDPOINTS[endpoint]
+    for key in spec.max_tokens_keys:
+        if key in form.fields:
+            try:
+                max_tokens = int(form.fields[key])
+            except ValueError:
+                raise BadRequest(f"'{key}' must be an integer") from None
+            if not 1 <= max_tokens <= _MAX_INT:
+                raise BadRequest(f"'{key}' must be at least 1")
+    return ParsedRequest(
+        endpoint=endpoint,
+        body=dict(form.fields),
+        model=model,
+        stream=stream,
+        wants_usage=wants_usage,
+        max_tokens=max_tokens,
+        path=path,
+        query=query,
+        form=form,
+        audio_s=audio_seconds(files[0].data),
     )

@@ -13,6 +13,7 @@ lease is cut) or fails can still be left for another worker.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -28,6 +29,7 @@ from starlette.types import Receive, Scope, Send
 from hearthgate.gateway.endpoints.spec import count
 from hearthgate.gateway.errors import GatewayError, UpstreamFailed
 from hearthgate.gateway.lease import Lease, WorkerLost
+from hearthgate.gateway.multipart import Form, encode_form
 from hearthgate.gateway.parse import ParsedRequest
 from hearthgate.gateway.settings import Settings
 from hearthgate.gateway.sse import SseSplitter, StreamObserver
@@ -60,8 +62,18 @@ def swap_model(data: bytes, swap: tuple[bytes, bytes]) -> bytes:
     return data
 
 
+def upstream_form(parsed: ParsedRequest, worker: WorkerState) -> tuple[bytes, str]:
+    """A multipart upload as sent to ``worker`` (its model name, the usage chunk asked for
+    when streamed) and its content type."""
+    assert parsed.form is not None
+    fields = {**parsed.form.fields, "model": worker.spec.upstream_model(parsed.model)}
+    if parsed.stream and parsed.spec.ask_usage:
+        fields["stream_include_usage"] = "true"
+    return encode_form(Form(fields, parsed.form.files))
+
+
 def upstream_body(parsed: ParsedRequest, worker: WorkerState, priority: int | None) -> bytes:
-    """The body sent to ``worker``: its model name, the usage chunk asked for, vLLM's
+    """The JSON body sent to ``worker``: its model name, the usage chunk asked for, vLLM's
     priority where the worker schedules by it."""
     body: dict[str, Any] = dict(parsed.body)
     body["model"] = worker.spec.upstream_model(parsed.model)
@@ -205,13 +217,18 @@ class Proxy:
         else:
             lease.expect_no_stream()
         deadline = None if first_byte_s is None else self._clock() + first_byte_s
+        if parsed.form is not None:
+            body, ctype = await asyncio.to_thread(upstream_form, parsed, worker)
+        else:
+            body, ctype = upstream_body(parsed, worker, priority), "application/json"
         try:
             resp = await lease.guard(
                 self._client.post(
                     worker.name,
                     worker.spec.url + parsed.upstream_path,
-                    upstream_body(parsed, worker, priority),
+                    body,
                     self._settings.upstream.read_timeout_s,
+                    ctype,
                 ),
                 first_byte_s,
             )
@@ -235,6 +252,13 @@ class Proxy:
             first = await lease.guard(anext(chunks, b""), self._left(deadline))
         except UpstreamFailed as exc:  # broke off before the client got anything
             raise AnswerBroke(worker.name, exc) from None
+        if parsed.spec.audio_out:
+            return RelayResponse(
+                self._relay_audio(lease, worker, resp, first, chunks, received_at, done),
+                lease.wait_gone,
+                media_type=resp.content_type,
+                headers=headers,
+            )
         return RelayResponse(
             self._relay(lease, parsed, worker, resp, first, chunks, received_at, done),
             lease.wait_gone,
@@ -285,6 +309,43 @@ class Proxy:
             headers=headers,
             media_type=resp.content_type,
         )
+
+    async def _relay_audio(
+        self,
+        lease: Lease,
+        worker: WorkerState,
+        resp: UpstreamResponse,
+        first: bytes,
+        chunks: AsyncIterator[bytes],
+        received_at: float,
+        done: Callable[[Result], None],
+    ) -> AsyncIterator[bytes]:
+        """Relay audio bytes as they arrive. The first byte is the first "token" (time to
+        first audio); pieces of audio are no tokens, so no gaps are kept."""
+        result = Result(200)
+        if first:
+            lease.first_token()
+            result.ttft_s = self._clock() - received_at
+        try:
+            try:
+                if first:
+                    yield first
+                async for chunk in chunks:
+                    if result.ttft_s is None and chunk:
+                        lease.first_token()
+                        result.ttft_s = self._clock() - received_at
+                    yield chunk
+                result.completed = True
+            except (UpstreamFailed, WorkerLost) as exc:
+                err: GatewayError = exc if isinstance(exc, UpstreamFailed) else exc.error
+                # Audio has no error event: the client sees the body end short.
+                log.warning("audio from %s broke: %s", worker.name, err.message)
+        finally:
+            lease.usage(None, None)
+            resp.close()
+            if result.completed:
+                result.e2e_s = self._clock() - received_at
+            done(result)
 
     async def _relay(
         self,

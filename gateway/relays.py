@@ -3,6 +3,7 @@ clients call them before or around a scheduled request.
 
 - ``POST /tokenize``, ``/detokenize`` (vLLM's), ``/v1/messages/count_tokens`` (Anthropic's):
   to the least-loaded worker serving the body's ``model``;
+- ``GET /v1/audio/voices`` and ``/v1/audio/models``: to a speech worker;
 - ``GET /v1/responses/{id}`` and ``POST /v1/responses/{id}/cancel``: to the worker that
   stored the response (gateway/stored.py); an unknown id goes to the only worker that could
   hold it, or is a 404.
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
 BY_MODEL = ("/tokenize", "/detokenize", "/v1/messages/count_tokens")
 # A stored response: read or cancel it on the worker that holds it.
 STORED = ("/v1/responses/{response_id}", "/v1/responses/{response_id}/cancel")
+# A speech server's lists (Open WebUI reads them), from the first speech worker that is up.
+SPEECH_LISTS = ("/v1/audio/voices", "/v1/audio/models")
 # How long a relayed call may take (they answer in milliseconds on an idle worker).
 _TIMEOUT_S = 30.0
 
@@ -105,7 +108,7 @@ async def stored(gw: Gateway, request: Request, response_id: str, cancel: bool) 
     candidates = [
         w
         for w in gw.pool.workers
-        if w.spec.role != "embeddings" and (home is None or w.name == home)
+        if w.spec.role in ("general", "long_prefill") and (home is None or w.name == home)
     ]
     if home is None and len(candidates) != 1:
         raise NotFound(f"no stored response with id {response_id!r}", code="response_not_found")
@@ -120,3 +123,18 @@ async def stored(gw: Gateway, request: Request, response_id: str, cancel: bool) 
         return await _send(gw, candidates[0], path, None, "")
     await read_body(request, gw.settings.limits.max_body_bytes)  # cancel takes no body
     return await _send(gw, candidates[0], path, b"{}", "")
+
+
+async def speech_list(gw: Gateway, request: Request) -> Response:
+    """A speech server's list of voices or models."""
+    speech = [w for w in gw.pool.workers if w.spec.role == "speech"]
+    if not speech:
+        raise NotFound("no speech worker is configured (a worker with role: speech)")
+    up = next((w for w in speech if w.up is not False), None)
+    if up is None:
+        raise NoWorkerAvailable(
+            "no speech worker is reachable; try again shortly",
+            retry_after_s=gw.settings.health.retry_after_s,
+        )
+    path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return await _send(gw, up, path, None, "")

@@ -55,6 +55,8 @@ class Listen(_Strict):
 
 class Limits(_Strict):
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    # Speech-to-text uploads (multipart): OpenAI's and vLLM's own limit is 25 MB.
+    max_upload_bytes: int = Field(25 * 1000 * 1000, ge=1024)
     # JSON nesting deeper than this is refused (400) before it can exhaust the parser.
     max_json_depth: int = Field(64, ge=4, le=1000)
     # The most completions one request may ask for (`n`); each runs as its own sequence.
@@ -86,7 +88,9 @@ class Health(_Strict):
     scrape_metrics: bool = True  # read vllm:num_requests_waiting and KV usage each interval
 
 
-WorkerRole = Literal["general", "long_prefill", "embeddings"]
+# speech: an OpenAI-compatible text-to-speech server (not vLLM: no /metrics to scrape; its
+# health is /health, or /v1/models where it has none).
+WorkerRole = Literal["general", "long_prefill", "embeddings", "speech"]
 _NAME = r"^[A-Za-z0-9_.-]+$"
 
 
@@ -146,7 +150,7 @@ class Worker(_Strict):
     def _embeddings_unbudgeted(cls, data: Any) -> Any:
         """The prefill budget protects decoding streams: an embeddings worker has none, so
         by default its coalesced calls are not held to it."""
-        if isinstance(data, dict) and data.get("role") == "embeddings":
+        if isinstance(data, dict) and data.get("role") in ("embeddings", "speech"):
             limits = data.get("limits") or {}
             if isinstance(limits, dict) and "prefill_token_budget" not in limits:
                 reserve = {"interactive_reserved_prefill_tokens": 0}

@@ -66,6 +66,8 @@ def text_len(value: Any) -> tuple[int, int]:
 
 def prompt_chars(parsed: ParsedRequest) -> tuple[int, int]:
     """(characters, token ids) over every field of the request that carries prompt text."""
+    if not parsed.spec.text_fields:
+        return 0, 0
     main, *extra = parsed.spec.text_fields
     chars, ids = text_len(parsed.body.get(main))
     for key in extra:
@@ -99,6 +101,8 @@ class HeuristicCounter:
         self._per_token = tokens.chars_per_token
 
     def estimate(self, parsed: ParsedRequest) -> int:
+        if parsed.spec.cost is not None:
+            return parsed.spec.cost(parsed)[0]
         chars, ids = prompt_chars(parsed)
         n = ids + math.ceil(chars / self._per_token)
         if parsed.endpoint == "embeddings":

@@ -66,10 +66,15 @@ class UpstreamClient(Protocol):
     """Sends requests to workers."""
 
     async def post(
-        self, worker: str, url: str, body: bytes, read_timeout_s: float | None
+        self,
+        worker: str,
+        url: str,
+        body: bytes,
+        read_timeout_s: float | None,
+        content_type: str = "application/json",
     ) -> UpstreamResponse:
-        """POST a JSON ``body``; return once the answer's headers arrived. Raises
-        WorkerUnreachable or UpstreamFailed."""
+        """POST ``body`` (JSON unless ``content_type`` says otherwise); return once the
+        answer's headers arrived. Raises WorkerUnreachable or UpstreamFailed."""
         ...
 
     async def get(self, worker: str, url: str, timeout_s: float) -> tuple[int, bytes]:
@@ -184,7 +189,12 @@ class AiohttpUpstream:
         return self._session
 
     async def post(
-        self, worker: str, url: str, body: bytes, read_timeout_s: float | None
+        self,
+        worker: str,
+        url: str,
+        body: bytes,
+        read_timeout_s: float | None,
+        content_type: str = "application/json",
     ) -> UpstreamResponse:
         # sock_connect, not connect: waiting for a pooled connection is not a failure.
         timeout = aiohttp.ClientTimeout(
@@ -192,7 +202,7 @@ class AiohttpUpstream:
         )
         try:
             resp = await self._get_session().post(
-                url, data=body, headers={"Content-Type": "application/json"}, timeout=timeout
+                url, data=body, headers={"Content-Type": content_type}, timeout=timeout
             )
         except _BROKEN as exc:
             raise map_before_answer(worker, exc) from None

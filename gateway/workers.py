@@ -257,11 +257,17 @@ class WorkerPool:
     async def check(self, client: UpstreamClient, worker: WorkerState) -> bool:
         refused = False
         try:
+            probe = "/health"
             status, _ = await client.get(
-                worker.name, worker.spec.url + "/health", self._health.timeout_s
+                worker.name, worker.spec.url + probe, self._health.timeout_s
             )
+            if status == 404 and worker.spec.role == "speech":
+                probe = "/v1/models"  # a speech server without /health
+                status, _ = await client.get(
+                    worker.name, worker.spec.url + probe, self._health.timeout_s
+                )
             ok = status == 200
-            reason = f"/health answered {status}"
+            reason = f"{probe} answered {status}"
         except WorkerUnreachable as exc:
             ok, refused = False, exc.refused
             reason = "/health: connection " + ("refused" if exc.refused else "dropped")
@@ -353,7 +359,9 @@ class WorkerPool:
         chosen = self.workers if only is None else [w for w in self.workers if w in only]
         await asyncio.gather(*(self.check(client, w) for w in chosen))
         if self._health.scrape_metrics:
-            await asyncio.gather(*(self.scrape(client, w) for w in chosen if w.up))
+            # Only vLLM exports vllm: gauges; a speech server has none to read.
+            vllm = [w for w in chosen if w.up and w.spec.role != "speech"]
+            await asyncio.gather(*(self.scrape(client, w) for w in vllm))
         self.refresh_gauges()
 
     async def _loop(self, client: UpstreamClient) -> None:

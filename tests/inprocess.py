@@ -13,6 +13,7 @@ from typing import Any
 
 from hearthgate.gateway.core import Gateway
 from hearthgate.gateway.errors import UpstreamFailed
+from hearthgate.gateway.multipart import parse_form
 from hearthgate.gateway.settings import Settings
 from hearthgate.gateway.upstream import UpstreamResponse, WorkerUnreachable
 
@@ -113,12 +114,22 @@ class FakeUpstream:
     responses: list[UpstreamResponse] = field(default_factory=list)
 
     async def post(
-        self, worker: str, url: str, body: bytes, read_timeout_s: float | None
+        self,
+        worker: str,
+        url: str,
+        body: bytes,
+        read_timeout_s: float | None,
+        content_type: str = "application/json",
     ) -> UpstreamResponse:
         if worker in self.down:
             raise WorkerUnreachable(worker, refused=True)
         path = "/" + url.split("/", 3)[3]
-        parsed = json.loads(body)
+        # A multipart upload is handed over parsed, as {"form": Form}.
+        parsed = (
+            json.loads(body)
+            if content_type == "application/json"
+            else {"form": parse_form(body, content_type)}
+        )
         self.posts.append((worker, path, parsed))
         resp = await self.handler(worker, path, parsed)
         self.responses.append(resp)
@@ -163,8 +174,9 @@ class Exchange:
         self, gw: Gateway, path: str, body: dict[str, Any] | bytes, headers: dict[str, str]
     ) -> None:
         raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-        hdrs = [(b"content-type", b"application/json")]
-        hdrs += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+        hdrs = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+        if not any(k == b"content-type" for k, _ in hdrs):
+            hdrs.append((b"content-type", b"application/json"))
         self.scope: dict[str, Any] = {
             "type": "http",
             "method": "POST",

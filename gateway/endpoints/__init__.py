@@ -16,9 +16,22 @@ from hearthgate.gateway.endpoints.rerank import RERANK
 from hearthgate.gateway.endpoints.responses import RESPONSES
 from hearthgate.gateway.endpoints.score import SCORE
 from hearthgate.gateway.endpoints.spec import Endpoint, EventReader, Seen
+from hearthgate.gateway.endpoints.speech import SPEECH
+from hearthgate.gateway.endpoints.transcription import TRANSCRIPTION
 
 ENDPOINTS: dict[str, Endpoint] = {
-    e.name: e for e in (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, MESSAGES, RERANK, SCORE)
+    e.name: e
+    for e in (
+        CHAT,
+        COMPLETIONS,
+        EMBEDDINGS,
+        RESPONSES,
+        MESSAGES,
+        RERANK,
+        SCORE,
+        TRANSCRIPTION,
+        SPEECH,
+    )
 }
 
 # Client path -> the endpoint served there.

@@ -17,9 +17,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hearthgate.gateway.errors import GatewayError, sse_error_event
+
+if TYPE_CHECKING:
+    from hearthgate.gateway.parse import ParsedRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +77,10 @@ def named_event(kind: str, data: dict[str, Any]) -> bytes:
     return f"event: {kind}\ndata: {json.dumps(data)}\n\n".encode()
 
 
+# What a request costs the budgets when its text does not say: (prompt tokens, most output
+# tokens), from the parsed request (speech-to-text: the seconds of audio).
+Cost = Callable[["ParsedRequest"], tuple[int, int]]
+
 # A check of the whole body beyond field types: raises BadRequest. Arguments: the body and
 # the most inputs one request may hold (limits.max_embedding_inputs).
 BodyCheck = Callable[[dict[str, Any], int], None]
@@ -111,6 +118,12 @@ class Endpoint:
     # The worker stores answers by id (the Responses API): follow-ups go back to it.
     stores_answers: bool = False
     check: BodyCheck | None = None
+    # The body is a multipart form with a file (speech-to-text), bounded by
+    # limits.max_upload_bytes and parsed in a thread.
+    form: bool = False
+    # The answer is audio, relayed as it arrives (its first byte is the first "token").
+    audio_out: bool = False
+    cost: Cost | None = None
 
     @property
     def path(self) -> str:

@@ -8,9 +8,11 @@ import json
 import os
 from typing import Any
 
+from hearthgate.gateway.multipart import Form, Upload, encode_form
 from hearthgate.gateway.upstream import UpstreamResponse
 from tests.inprocess import FakeResponse, until
 from tests.integration.test_request_path import idle, post, running
+from tests.unit.test_endpoints import wav
 
 TWO = [
     {"name": "w0", "url": "http://w0", "models": ["m"]},
@@ -164,3 +166,118 @@ async def test_a_broken_stream_ends_in_its_own_kinds_error_event() -> None:
                 assert kind == "event: error" and json.loads(data[6:])["type"] == "error"
                 assert "[DONE]" not in ex.body.decode()
         assert idle(gw)
+
+
+# ------------------------------------------------------------------ speech in and out
+
+
+def upload(seconds: float = 3.0, **fields: str) -> tuple[bytes, str]:
+    """A transcription form as the OpenAI SDK sends it: fields and a WAV file."""
+    audio = wav(seconds)
+    form = Form({"model": "whisper", "response_format": "json", **fields})
+    form.files.append(Upload("file", "a.wav", "audio/wav", audio))
+    return encode_form(form)
+
+
+SPEECH_WORKERS = [
+    {"name": "gen", "url": "http://gen", "models": ["m"]},
+    {"name": "stt", "url": "http://stt", "models": ["whisper"]},
+    {"name": "tts", "url": "http://tts", "models": ["tts-1"], "role": "speech"},
+]
+VOICE_APP = [{"name": "assistant", "key_env": "HG_TEST_KEY_VOICE", "default_class": "voice"}]
+
+
+async def audio_worker(worker: str, path: str, body: dict[str, Any]) -> UpstreamResponse:
+    if path == "/v1/audio/speech":
+        return FakeResponse(chunks=[b"RIFF", b"....", b"WAVE"], content_type="audio/wav")
+    form = body["form"]
+    if form.fields.get("stream") == "true":
+        chunks = [
+            b'data: {"object":"transcription.chunk","choices":[{"delta":{"content":"hi"}}]}\n\n',
+            b'data: {"choices":[],"usage":{"prompt_tokens":300,"completion_tokens":1}}\n\n',
+            b"data: [DONE]\n\n",
+        ]
+        return FakeResponse(chunks=chunks, content_type="text/event-stream")
+    text = {"text": f"{len(form.files[0].data)} bytes", "usage": {"type": "duration"}}
+    return FakeResponse(chunks=[json.dumps(text).encode()])
+
+
+async def test_a_voice_apps_transcription_is_voice_and_charged_by_its_seconds() -> None:
+    os.environ["HG_TEST_KEY_VOICE"] = "key-voice"
+    key = {"authorization": "Bearer key-voice"}
+    async with running(audio_worker, workers=SPEECH_WORKERS, apps=VOICE_APP) as (gw, up):
+        raw, ctype = upload(3.0, language="en")
+        ex = await post(
+            gw, raw, "/v1/audio/transcriptions", **key, **{"content-type": ctype}
+        ).done()
+        assert ex.status == 200, ex.body
+        assert ex.headers["x-hearthgate-worker"] == "stt"
+        assert ex.headers["x-hearthgate-class"] == "voice"  # the app's default class
+        _, path, sent = up.posts[-1]
+        assert path == "/v1/audio/transcriptions"
+        assert sent["form"].fields["language"] == "en" and sent["form"].fields["model"] == "whisper"
+        assert ex.json()["text"] == f"{len(wav(3.0))} bytes"  # the audio arrived whole
+        # No usage in tokens from the worker: the estimate stands (3 s x 50 positions).
+        assert gw.scheduler.tenant_counters()["voice"]["assistant"] == 150
+        assert idle(gw)
+
+
+async def test_a_streamed_transcription_asks_for_usage_and_hides_it_unless_asked() -> None:
+    async with running(audio_worker, workers=SPEECH_WORKERS) as (gw, up):
+        raw, ctype = upload(stream="true")
+        ex = await post(gw, raw, "/v1/audio/transcriptions", **{"content-type": ctype}).done()
+        assert ex.status == 200 and up.posts[-1][2]["form"].fields["stream_include_usage"] == "true"
+        assert ex.events()[-1] == "[DONE]" and not any("usage" in e for e in ex.events())
+        assert gw.app_tokens["anonymous"] == [300, 1]
+        raw, ctype = upload(stream="true", stream_include_usage="true")
+        ex = await post(gw, raw, "/v1/audio/transcriptions", **{"content-type": ctype}).done()
+        assert any('"usage"' in e for e in ex.events())
+        assert idle(gw)
+
+
+async def test_bad_uploads_get_clear_errors() -> None:
+    async with running(
+        audio_worker, workers=SPEECH_WORKERS, limits={"max_upload_bytes": 50_000}
+    ) as (
+        gw,
+        up,
+    ):
+        raw, ctype = upload(3.0)  # 96 kB of audio
+        cases = {
+            "too large": (raw, ctype, 413),
+            "not multipart": (b'{"model": "whisper"}', "application/json", 400),
+            "no boundary": (b"x", "multipart/form-data", 400),
+            "cut short": (upload(0.5)[0][:-30], upload(0.5)[1], 400),
+        }
+        form = Form({"model": "whisper"})
+        cases["no file"] = (*encode_form(form), 400)
+        for what, (body, kind, status) in cases.items():
+            ex = await post(gw, body, "/v1/audio/transcriptions", **{"content-type": kind}).done()
+            assert ex.status == status, (what, ex.body)
+            assert "error" in ex.json(), what
+        assert not up.posts and idle(gw)
+
+
+async def test_speech_audio_is_relayed_as_it_arrives_from_the_speech_worker() -> None:
+    async with running(audio_worker, workers=SPEECH_WORKERS) as (gw, _):
+        body = {"model": "tts-1", "input": "The lights are off.", "voice": "alloy"}
+        ex = await post(gw, body, "/v1/audio/speech").done()
+        assert ex.status == 200 and ex.body == b"RIFF....WAVE"
+        assert ex.headers["content-type"] == "audio/wav"
+        assert ex.headers["x-hearthgate-worker"] == "tts"
+        # Charged by the characters to speak; the first audio byte is its first token.
+        assert gw.scheduler.tenant_counters()["chat"]["anonymous"] == len(body["input"])
+        assert len(gw.metrics.recent_ttft["/v1/audio/speech"]) == 1
+        assert idle(gw)
+
+
+async def test_a_client_leaving_mid_audio_frees_everything() -> None:
+    async def slow(worker: str, path: str, body: dict[str, Any]) -> UpstreamResponse:
+        return FakeResponse(chunks=[b"RIFF"], hang=True, content_type="audio/wav")
+
+    async with running(slow, workers=SPEECH_WORKERS) as (gw, _):
+        ex = post(gw, {"model": "tts-1", "input": "hi"}, "/v1/audio/speech")
+        await until(lambda: ex.body == b"RIFF", what="first audio")
+        ex.disconnect()
+        await ex.done()
+        await until(lambda: idle(gw), what="everything given back")

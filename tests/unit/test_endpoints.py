@@ -3,7 +3,9 @@ readers and usage, on plain values."""
 
 from __future__ import annotations
 
+import io
 import json
+import wave
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,8 @@ from hearthgate.gateway.endpoints import BATCH_PATHS, BY_PATH, ENDPOINTS
 from hearthgate.gateway.endpoints.messages import MessageEvents
 from hearthgate.gateway.endpoints.responses import ResponseEvents
 from hearthgate.gateway.errors import BadRequest
-from hearthgate.gateway.parse import parse_body
+from hearthgate.gateway.multipart import Form, Upload, encode_form
+from hearthgate.gateway.parse import parse_body, parse_upload
 from hearthgate.gateway.proxy import read_answer
 from hearthgate.gateway.settings import Rule
 from hearthgate.gateway.sse import SseSplitter, StreamObserver, event_data
@@ -42,6 +45,8 @@ def test_streaming_endpoints_have_readers_and_pooling_ones_never_generate() -> N
     for e in ENDPOINTS.values():
         if e.pooling:
             assert not e.generates and e.reader is None, e.name
+        elif e.audio_out:  # relayed as bytes, charged by its text
+            assert e.reader is None and e.cost is not None, e.name
         else:
             assert e.generates and e.reader is not None, e.name
 
@@ -200,21 +205,31 @@ def test_messages_keep_the_query_string() -> None:
     assert p.upstream_path == "/v1/messages?beta=true" and p.max_tokens == 5
 
 
-def _json_fixtures() -> list[Path]:
-    """The fixtures sent to a scheduled JSON endpoint (speech's multipart and audio bodies
-    are not served yet)."""
-    return [
-        f
-        for f in sorted(FIXTURES.glob("*.json"))
-        if json.loads(f.read_text())["path"].split("?")[0] in BY_PATH
-    ]
+def wav(seconds: float, rate: int = 16000) -> bytes:
+    """Silence as a 16-bit mono WAV file."""
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(b"\0\0" * int(seconds * rate))
+    return out.getvalue()
 
 
-@pytest.mark.parametrize("fixture", _json_fixtures(), ids=lambda p: p.stem)
+@pytest.mark.parametrize("fixture", sorted(FIXTURES.glob("*.json")), ids=lambda p: p.stem)
 def test_home_app_bodies_pass_the_gateways_checks(fixture: Path) -> None:
     """What Home Assistant, Open WebUI, the Wyoming bridge, Continue and coding tools send
     (tests/fixtures/home_apps, from their public source) is accepted as it is."""
     sent = json.loads(fixture.read_text())
     path = sent["path"].split("?")[0]
-    p = parse_body(json.dumps(sent["body"]).encode(), BY_PATH[path].name, path=path)
-    assert p.model == sent["body"]["model"]
+    spec = BY_PATH[path]
+    if sent.get("multipart"):
+        form = sent["multipart"]
+        upload = Upload(form["file_field"], form["filename"], "audio/wav", wav(3.0))
+        raw, ctype = encode_form(Form(dict(form["fields"]), [upload]))
+        p = parse_upload(raw, ctype, spec.name, path)
+        assert p.model == form["fields"]["model"] and p.audio_s == 3.0
+        assert p.spec.cost is not None and p.spec.cost(p)[0] == 150  # 3 s x 50
+    else:
+        p = parse_body(json.dumps(sent["body"]).encode(), spec.name, path=path)
+        assert p.model == (sent["body"].get("model") or p.model)
