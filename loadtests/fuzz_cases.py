@@ -45,8 +45,18 @@ ENDPOINTS = {
     "chat": "/v1/chat/completions",
     "completions": "/v1/completions",
     "embeddings": "/v1/embeddings",
+    "responses": "/v1/responses",
+    "messages": "/v1/messages",
 }
-INPUT_KEY = {"chat": "messages", "completions": "prompt", "embeddings": "input"}
+INPUT_KEY = {
+    "chat": "messages",
+    "completions": "prompt",
+    "embeddings": "input",
+    "responses": "input",
+    "messages": "messages",
+}
+# Their streams are named events that end in a last event, not ``data: [DONE]``.
+NAMED_EVENTS = frozenset({"responses", "messages"})
 
 
 @dataclass(frozen=True)
@@ -109,6 +119,34 @@ def valid_body(rnd: random.Random, endpoint: str, cfg: FuzzConfig) -> dict[str, 
             body["encoding_format"] = rnd.choice(["float", "base64"])
         if rnd.random() < 0.1:
             body["user"] = _text(rnd, 2)
+        return body
+    if endpoint == "responses":
+        turn = {"role": "user", "content": _text(rnd)}
+        items: object = pick(
+            rnd, [(3, _text(rnd)), (2, [turn]), (1, [{"type": "message", **turn}])]
+        )
+        body = {"model": cfg.gen_model, "input": items, "max_output_tokens": rnd.randint(1, 8)}
+        if rnd.random() < 0.3:
+            body["instructions"] = _text(rnd)
+        if rnd.random() < 0.3:
+            body["store"] = rnd.random() < 0.5
+        if rnd.random() < 0.4:
+            body["stream"] = True
+        if rnd.random() < 0.5:
+            body["ignore_eos"] = True
+        return body
+    if endpoint == "messages":
+        body = {
+            "model": cfg.gen_model,
+            "max_tokens": rnd.randint(1, 8),
+            "messages": [{"role": "user", "content": _text(rnd)}],
+        }
+        if rnd.random() < 0.3:
+            body["system"] = _text(rnd)
+        if rnd.random() < 0.4:
+            body["stream"] = True
+        if rnd.random() < 0.25:
+            body["temperature"] = rnd.choice([0, 0.7, 1.0])
         return body
     if endpoint == "chat":
         roles = ["user", "assistant", "system"]
@@ -338,7 +376,8 @@ def cases(endpoint: str, cfg: FuzzConfig) -> SearchStrategy[Case]:
                 where = rnd.choice(["dimensions", "truncate_prompt_tokens", "priority"])
             if rnd.random() < 0.25:
                 where = input_key
-                inner = {"role": "user", "content": value} if endpoint == "chat" else value
+                chat = endpoint in ("chat", "messages")
+                inner = {"role": "user", "content": value} if chat else value
                 body[where] = [inner]
             else:
                 body[where] = value

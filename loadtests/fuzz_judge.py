@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from hearthgate.loadtests.fuzz_cases import Case
+from hearthgate.loadtests.fuzz_cases import NAMED_EVENTS, Case
 from hearthgate.loadtests.fuzz_values import clip
 
 WORKER_HEADER = "x-hearthgate-worker"
@@ -40,9 +40,21 @@ def error_shape_problem(body: bytes) -> str | None:
     return None
 
 
-def sse_problem(body: bytes) -> tuple[str | None, bool]:
-    """(why ``body`` is not a well-formed SSE answer ending in ``data: [DONE]``, or None;
-    whether it carried an error event)."""
+# Streams of named events (the Responses API, Anthropic's messages) end with one of these
+# events instead of ``data: [DONE]``.
+_LAST_EVENTS = (
+    "response.completed",
+    "response.incomplete",
+    "response.failed",
+    "message_stop",
+    "error",
+)
+
+
+def sse_problem(body: bytes, named: bool = False) -> tuple[str | None, bool]:
+    """(why ``body`` is not a well-formed SSE answer ending in ``data: [DONE]`` (``named``:
+    in a last named event such as ``response.completed``), or None; whether it carried an
+    error event)."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
@@ -53,9 +65,12 @@ def sse_problem(body: bytes) -> tuple[str | None, bool]:
     if not text.endswith("\n\n"):
         return "stream cut: the last event is not terminated", False
     payloads = []
+    kinds = []
     for event in (e for e in text.split("\n\n") if e.strip()):
         data = []
         for line in event.split("\n"):
+            if line.startswith("event:"):
+                kinds.append(line[6:].strip())
             if line.startswith("data:"):
                 data.append(line[5:].removeprefix(" "))
             elif not line.startswith((":", "event:", "id:", "retry:")):
@@ -65,6 +80,10 @@ def sse_problem(body: bytes) -> tuple[str | None, bool]:
                 continue  # a comment (keep-alive) only
             return "an event without data", False
         payloads.append("\n".join(data))
+    if named:
+        if not kinds or kinds[-1] not in _LAST_EVENTS:
+            return f"stream does not end with one of {', '.join(_LAST_EVENTS)}", False
+        payloads.append("[DONE]")  # judged alike from here
     if payloads[-1] != "[DONE]":
         return "stream does not end with data: [DONE]", False
     saw_error = False
@@ -77,7 +96,9 @@ def sse_problem(body: bytes) -> tuple[str | None, bool]:
             return f"event is not JSON: {clip(p, 60)!r}", False
         if not isinstance(obj, dict):
             return "event is not a JSON object", False
-        if "error" in obj:
+        if named and obj.get("type") in ("error", "response.failed"):
+            saw_error = True
+        elif "error" in obj and not named:
             saw_error = True
             bad = error_shape_problem(p.encode())
             if bad:
@@ -95,9 +116,14 @@ class Verdict:
 
 
 def classify(
-    status: int, headers: Mapping[str, str], body: bytes, stream_requested: bool
+    status: int,
+    headers: Mapping[str, str],
+    body: bytes,
+    stream_requested: bool,
+    named: bool = False,
 ) -> Verdict:
-    """Judge one answer. ``headers`` keys are lower-case."""
+    """Judge one answer. ``headers`` keys are lower-case; ``named``: a stream of named
+    events (see :func:`sse_problem`)."""
     origin: Origin = "worker" if WORKER_HEADER in headers else "gateway"
     if status >= 500:
         if origin == "worker":
@@ -109,7 +135,7 @@ def classify(
     if status == 200:
         ctype = headers.get("content-type", "")
         if ctype.startswith("text/event-stream"):
-            bad, saw_error = sse_problem(body)
+            bad, saw_error = sse_problem(body, named)
             return Verdict(origin, bad, "error event in stream" if saw_error else None)
         if stream_requested:
             return Verdict(origin, f"stream asked for, got a 200 of {ctype or 'no type'}")
@@ -141,4 +167,5 @@ class Answer:
 def judge(case: Case, answer: Answer) -> Verdict:
     if answer.status is None:
         return no_answer(answer.error or "?")
-    return classify(answer.status, answer.headers, answer.body, case.stream)
+    named = case.endpoint in NAMED_EVENTS
+    return classify(answer.status, answer.headers, answer.body, case.stream, named)

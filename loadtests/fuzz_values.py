@@ -226,7 +226,7 @@ def odd_input(endpoint: str, cfg: FuzzConfig) -> SearchStrategy[object]:
     """Odd shapes for ``messages`` / ``prompt`` / ``input``."""
     w = weird(cfg)
     text = plain_text() | odd_text()
-    if endpoint == "chat":
+    if endpoint in ("chat", "messages"):
         role = weighted(
             (5, st.sampled_from(["user", "assistant", "system"])),
             (2, st.sampled_from(["tool", "developer", "function", "", "USER", "root", "user "])),
@@ -395,6 +395,28 @@ def field_values(endpoint: str, cfg: FuzzConfig) -> dict[str, SearchStrategy[obj
             "prompt_logprobs": edges([0, 1, 5, 20, 21, -1, 1000, None]),
         }
     )
+    if endpoint == "responses":
+        out.update(
+            {
+                "input": odd_input("chat", cfg) | odd_input("completions", cfg),
+                "max_output_tokens": edges([0, -1, 1, 8, 2**31, 2**63, None, "8", 1.5]),
+                "instructions": weighted((2, odd_text()), (1, w)),
+                "previous_response_id": edges(["resp_nope", "", None, 5, []]),
+                "store": edges([True, False, None, "yes"]),
+                "tools": edges([[], [{}], [{"type": "function", "name": "f"}], "x"]),
+            }
+        )
+        return out
+    if endpoint == "messages":
+        out.update(
+            {
+                "messages": odd_input("chat", cfg),
+                "max_tokens": edges([0, -1, 1, 8, 2**31, 2**63, None, "8", 1.5]),
+                "system": weighted((2, odd_text()), (1, w)),
+                "tools": edges([[], [{}], [{"name": "f", "input_schema": {}}], "x"]),
+            }
+        )
+        return out
     if endpoint == "chat":
         out.update(
             {
