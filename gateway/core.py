@@ -308,7 +308,7 @@ class Gateway:
             return
         except GatewayError as exc:
             self.metrics.count(route, model, exc.status)
-            await error_response(exc)(scope, receive, send)
+            await error_response(exc, BY_PATH[route].error_shape)(scope, receive, send)
             return
         label = request.headers.get("x-request-id")
         label = label[:128] if label else None
@@ -321,7 +321,7 @@ class Gateway:
                 return
             except GatewayError as exc:
                 self.metrics.count(route, model, exc.status)
-                response = error_response(exc)
+                response = error_response(exc, BY_PATH[route].error_shape)
             with contextlib.suppress(OSError):
                 await response(scope, receive, send)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Callable
 from typing import ClassVar
 
 from starlette.responses import Response
@@ -144,9 +145,14 @@ class InternalError(GatewayError):
     pass
 
 
-def error_response(exc: GatewayError) -> Response:
+ErrorShape = Callable[[GatewayError], dict[str, object]]
+
+
+def error_response(exc: GatewayError, shape: ErrorShape | None = None) -> Response:
+    """``exc`` as an answer: OpenAI's error body, or ``shape``'s (an endpoint whose clients
+    expect another, such as Anthropic's)."""
     return Response(
-        content=json.dumps(exc.body()),
+        content=json.dumps(exc.body() if shape is None else shape(exc)),
         status_code=exc.status,
         headers=exc.headers(),
         media_type="application/json",

@@ -257,15 +257,12 @@ class WorkerPool:
     async def check(self, client: UpstreamClient, worker: WorkerState) -> bool:
         refused = False
         try:
-            probe = "/health"
+            # A speech server's /health may be missing, or a web page that answers 200
+            # for any path; its model list is what every OpenAI-compatible one serves.
+            probe = "/v1/models" if worker.spec.role == "speech" else "/health"
             status, _ = await client.get(
                 worker.name, worker.spec.url + probe, self._health.timeout_s
             )
-            if status == 404 and worker.spec.role == "speech":
-                probe = "/v1/models"  # a speech server without /health
-                status, _ = await client.get(
-                    worker.name, worker.spec.url + probe, self._health.timeout_s
-                )
             ok = status == 200
             reason = f"{probe} answered {status}"
         except WorkerUnreachable as exc:

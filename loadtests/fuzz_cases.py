@@ -57,6 +57,8 @@ INPUT_KEY = {
 }
 # Their streams are named events that end in a last event, not ``data: [DONE]``.
 NAMED_EVENTS = frozenset({"responses", "messages"})
+# Their errors come in Anthropic's shape (as vLLM's own answers there).
+ANTHROPIC_ERRORS = frozenset({"messages"})
 
 
 @dataclass(frozen=True)

@@ -8,21 +8,36 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from hearthgate.loadtests.fuzz_cases import NAMED_EVENTS, Case
+from hearthgate.loadtests.fuzz_cases import ANTHROPIC_ERRORS, NAMED_EVENTS, Case
 from hearthgate.loadtests.fuzz_values import clip
 
 WORKER_HEADER = "x-hearthgate-worker"
 Origin = Literal["gateway", "worker", "none"]
 
 
-def error_shape_problem(body: bytes) -> str | None:
-    """Why ``body`` is not OpenAI's error shape, or None when it is."""
+def anthropic_error_problem(obj: dict[str, object]) -> str | None:
+    """Why ``obj`` is not Anthropic's error shape (``{"type": "error", "error": {"type",
+    "message"}}``), or None when it is."""
+    err = obj.get("error")
+    if obj.get("type") != "error" or not isinstance(err, dict):
+        return "not Anthropic's error shape"
+    for key in ("type", "message"):
+        if not isinstance(err.get(key), str):
+            return f"'error.{key}' is not a string"
+    return None
+
+
+def error_shape_problem(body: bytes, anthropic: bool = False) -> str | None:
+    """Why ``body`` is not OpenAI's error shape (``anthropic``: Anthropic's), or None when
+    it is."""
     try:
         obj = json.loads(body)
     except (ValueError, RecursionError):
         return "not JSON"
     if not isinstance(obj, dict):
         return "not a JSON object"
+    if anthropic:
+        return anthropic_error_problem(obj)
     err = obj.get("error")
     if not isinstance(err, dict):
         return "no 'error' object"
@@ -121,17 +136,18 @@ def classify(
     body: bytes,
     stream_requested: bool,
     named: bool = False,
+    anthropic: bool = False,
 ) -> Verdict:
     """Judge one answer. ``headers`` keys are lower-case; ``named``: a stream of named
-    events (see :func:`sse_problem`)."""
+    events (see :func:`sse_problem`); ``anthropic``: errors in Anthropic's shape."""
     origin: Origin = "worker" if WORKER_HEADER in headers else "gateway"
     if status >= 500:
         if origin == "worker":
             return Verdict(origin, note="worker 5xx")
         return Verdict(origin, f"gateway {status}")
     if 400 <= status < 500:
-        bad = error_shape_problem(body)
-        return Verdict(origin, f"{status} not in OpenAI error shape: {bad}" if bad else None)
+        bad = error_shape_problem(body, anthropic)
+        return Verdict(origin, f"{status} not in the error shape: {bad}" if bad else None)
     if status == 200:
         ctype = headers.get("content-type", "")
         if ctype.startswith("text/event-stream"):
@@ -168,4 +184,5 @@ def judge(case: Case, answer: Answer) -> Verdict:
     if answer.status is None:
         return no_answer(answer.error or "?")
     named = case.endpoint in NAMED_EVENTS
-    return classify(answer.status, answer.headers, answer.body, case.stream, named)
+    anthropic = case.endpoint in ANTHROPIC_ERRORS
+    return classify(answer.status, answer.headers, answer.body, case.stream, named, anthropic)

@@ -55,12 +55,27 @@ class MessageEvents:
         return NOTHING
 
 
+# Anthropic's error types by status (its clients raise a typed exception from them).
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def error_shape(error: GatewayError) -> dict[str, object]:
+    """Anthropic's error body (vLLM's /v1/messages answers its own errors so too)."""
+    kind = _ERROR_TYPES.get(error.status, "api_error")
+    return {"type": "error", "error": {"type": kind, "message": error.message}}
+
+
 def stream_error(error: GatewayError) -> bytes:
     """Anthropic's ``error`` event."""
-    kind = "overloaded_error" if error.status == 503 else "api_error"
-    return named_event(
-        "error", {"type": "error", "error": {"type": kind, "message": error.message}}
-    )
+    return named_event("error", error_shape(error))
 
 
 MESSAGES = Endpoint(
@@ -75,5 +90,6 @@ MESSAGES = Endpoint(
     max_tokens_keys=("max_tokens",),
     reader=MessageEvents,
     stream_error=stream_error,
+    error_shape=error_shape,
     usage_keys=("input_tokens", "output_tokens"),
 )

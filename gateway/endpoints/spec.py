@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from hearthgate.gateway.errors import GatewayError, sse_error_event
+from hearthgate.gateway.errors import ErrorShape, GatewayError, sse_error_event
 
 if TYPE_CHECKING:
     from hearthgate.gateway.parse import ParsedRequest
@@ -105,6 +105,8 @@ class Endpoint:
     reader: Callable[[], EventReader] | None = None
     # The last bytes of a stream that broke off (the worker failed, the gateway shut down).
     stream_error: Callable[[GatewayError], bytes] = openai_stream_error
+    # The body of the gateway's own errors (None: OpenAI's).
+    error_shape: ErrorShape | None = None
     # Where a whole answer's ``usage`` keeps its counts (prompt, output).
     usage_keys: tuple[str, str | None] = ("prompt_tokens", "completion_tokens")
     # Streamed answers carry usage only when asked (OpenAI's ``stream_options``).

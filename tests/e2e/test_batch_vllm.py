@@ -81,6 +81,22 @@ def embed_lines(n: int) -> list[dict[str, Any]]:
     ]
 
 
+def responses_lines(n: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "custom_id": f"r{i}",
+            "method": "POST",
+            "url": "/v1/responses",
+            "body": {
+                "model": "tiny-llama",
+                "input": f"Summarise note {i}.",
+                "max_output_tokens": 6,
+            },
+        }
+        for i in range(n)
+    ]
+
+
 def upload(client: OpenAI, lines: list[dict[str, Any]]) -> str:
     data = "".join(json.dumps(line) + "\n" for line in lines).encode()
     return client.files.create(file=("input.jsonl", io.BytesIO(data)), purpose="batch").id
@@ -113,9 +129,9 @@ def test_sdk_batches_of_chat_and_embeddings_complete(
 ) -> None:
     url = start(gw_factory, settings(workers, redis_url))
     client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
-    # One batch has one endpoint (as OpenAI's): 200 chat and 100 embeddings lines run as
-    # two batches at once.
-    chats, embeds = chat_lines(200), embed_lines(100)
+    # One batch has one endpoint (as OpenAI's): 200 chat, 100 embeddings and 20 Responses
+    # API lines run as three batches at once.
+    chats, embeds, answers = chat_lines(200), embed_lines(100), responses_lines(20)
     b_chat = client.batches.create(
         input_file_id=upload(client, chats),
         endpoint="/v1/chat/completions",
@@ -125,7 +141,10 @@ def test_sdk_batches_of_chat_and_embeddings_complete(
     b_emb = client.batches.create(
         input_file_id=upload(client, embeds), endpoint="/v1/embeddings", completion_window="24h"
     )
-    for b, lines in ((b_chat, chats), (b_emb, embeds)):
+    b_resp = client.batches.create(
+        input_file_id=upload(client, answers), endpoint="/v1/responses", completion_window="24h"
+    )
+    for b, lines in ((b_resp, answers), (b_chat, chats), (b_emb, embeds)):
         final = wait_final(client, b.id)
         assert final.status == "completed", final
         assert final.request_counts.total == len(lines)
@@ -136,7 +155,8 @@ def test_sdk_batches_of_chat_and_embeddings_complete(
         assert read_jsonl(client, final.error_file_id) == []
         for o in out:
             assert o["response"]["status_code"] == 200
-            assert o["response"]["body"]["usage"]["prompt_tokens"] > 0
+            usage = o["response"]["body"]["usage"]
+            assert usage.get("prompt_tokens", usage.get("input_tokens", 0)) > 0
     assert client.batches.retrieve(b_chat.id).metadata == {"job": "e2e-chat"}
     # Embeddings from the batch agree with a direct call to the worker.
     out = {o["custom_id"]: o for o in read_jsonl(client, final.output_file_id)}

@@ -129,6 +129,14 @@ async def test_anthropic_clients_key_header_is_an_app_key() -> None:
         assert ex.status == 200 and gw.app_tokens["coder"] == [4, 1]
         ex = await post(gw, body, "/v1/messages", **{"x-api-key": "wrong"}).done()
         assert ex.status == 401
+        # In Anthropic's shape, as vLLM answers its own errors there and its clients expect.
+        assert ex.json() == {
+            "type": "error",
+            "error": {"type": "authentication_error", "message": "invalid API key"},
+        }
+        unknown = {**body, "model": "nope"}
+        ex = await post(gw, unknown, "/v1/messages", **{"x-api-key": "key-coder"}).done()
+        assert ex.status == 404 and ex.json()["error"]["type"] == "not_found_error"
         ex = await post(gw, body, "/v1/messages").done()
         assert ex.status == 401
         assert idle(gw)
