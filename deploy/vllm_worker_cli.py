@@ -1,6 +1,9 @@
 """``python -m hearthgate.deploy.vllm_worker`` (or ``-m hearthgate.deploy.vllm_worker_cli``):
-run one CPU vLLM worker until Ctrl-C/SIGTERM, printing its URL when ready; arguments after
-``--`` go to vLLM."""
+run one CPU vLLM worker (any kind: gen, embed, stt, rerank) until Ctrl-C/SIGTERM, printing its
+URL when ready; arguments after ``--`` go to vLLM.
+
+``run_until_stopped`` is the loop itself, shared with ``python -m hearthgate.deploy.tts_server``.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +14,8 @@ import time
 import types
 from collections.abc import Sequence
 
-from hearthgate.deploy.vllm_worker import SERVED_NAMES, VllmWorker, WorkerError
+from hearthgate.deploy.server_process import ServerProcess, WorkerError
+from hearthgate.deploy.vllm_worker import SERVED_NAMES, VllmWorker
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -62,18 +66,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         host=args.host,
         nice=args.nice,
     )
+    return run_until_stopped(worker, timeout=args.timeout)
+
+
+def run_until_stopped(server: ServerProcess, timeout: float = 180.0) -> int:
+    """Start ``server``, print its URL once ready, and wait until Ctrl-C or SIGTERM (exit
+    code 130 or 143) or until it exits by itself (1, its log tail printed); 1 also when it
+    does not start. The server is stopped in every case; the signal handlers of SIGINT and
+    SIGTERM are restored on return."""
     previous = {sig: signal.signal(sig, _raise_interrupted) for sig in _STOP_SIGNALS}
     try:
-        worker.start()
-        print(f"starting {worker.kind} worker, log {worker.log_path}", flush=True)
-        seconds = worker.wait_ready(timeout=args.timeout)
+        server.start()
+        print(f"starting {server.kind} worker, log {server.log_path}", flush=True)
+        seconds = server.wait_ready(timeout=timeout)
         print(
-            f"ready {worker.url} model={worker.served_model_name} after {seconds:.1f}s",
+            f"ready {server.url} model={server.served_model_name} after {seconds:.1f}s",
             flush=True,
         )
-        while worker.running:
+        while server.running:
             time.sleep(0.5)
-        print(f"worker exited; log tail:\n{worker.log_tail()}", file=sys.stderr, flush=True)
+        print(f"worker exited; log tail:\n{server.log_tail()}", file=sys.stderr, flush=True)
         return 1
     except _Interrupted as exc:
         print(f"{exc}: stopping worker", file=sys.stderr, flush=True)
@@ -86,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for sig in _STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
         try:
-            worker.stop()
+            server.stop()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

@@ -28,16 +28,17 @@ def anthropic_error_problem(obj: dict[str, object]) -> str | None:
 
 
 def error_shape_problem(body: bytes, anthropic: bool = False) -> str | None:
-    """Why ``body`` is not OpenAI's error shape (``anthropic``: Anthropic's), or None when
-    it is."""
+    """Why ``body`` is not OpenAI's error shape (``anthropic``: nor Anthropic's; vLLM
+    answers /v1/messages in both, its request validation in OpenAI's), or None when it
+    is."""
     try:
         obj = json.loads(body)
     except (ValueError, RecursionError):
         return "not JSON"
     if not isinstance(obj, dict):
         return "not a JSON object"
-    if anthropic:
-        return anthropic_error_problem(obj)
+    if anthropic and anthropic_error_problem(obj) is None:
+        return None
     err = obj.get("error")
     if not isinstance(err, dict):
         return "no 'error' object"

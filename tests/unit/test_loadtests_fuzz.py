@@ -282,3 +282,28 @@ def test_cli_parses_fuzz() -> None:
     )
     with pytest.raises(SystemExit):
         build_parser().parse_args(["fuzz", "--url", "x", "--start"])
+
+
+def test_named_event_streams_end_in_their_last_event() -> None:
+    from hearthgate.loadtests.fuzz_judge import sse_problem
+
+    created = b'{"type": "response.created", "response": {"error": null}}'
+    done = b"event: response.created\ndata: " + created + b"\n\n"
+    done += b'event: response.completed\ndata: {"type": "response.completed"}\n\n'
+    assert sse_problem(done, named=True) == (None, False)
+    cut = done.rsplit(b"event:", 1)[0]
+    assert sse_problem(cut, named=True)[0] is not None
+    # An OpenAI chunk stream still needs its [DONE].
+    assert sse_problem(done)[0] == "stream does not end with data: [DONE]"
+    failed = b'event: error\ndata: {"type": "error", "error": {"type": "api_error"}}\n\n'
+    assert sse_problem(failed, named=True) == (None, True)
+
+
+def test_anthropic_errors_are_a_valid_shape_only_where_asked() -> None:
+    from hearthgate.loadtests.fuzz_judge import error_shape_problem
+
+    body = b'{"type": "error", "error": {"type": "invalid_request_error", "message": "x"}}'
+    assert error_shape_problem(body, anthropic=True) is None
+    assert error_shape_problem(body) is not None
+    openai = b'{"error": {"message": "x", "type": "t", "param": null, "code": null}}'
+    assert error_shape_problem(openai, anthropic=True) is None

@@ -139,11 +139,16 @@ def test_worker_metrics_show_role_gauges_and_counts() -> None:
 def test_run_local_layouts_pin_the_workers() -> None:
     from hearthgate.deploy import box
     from hearthgate.deploy.run_local import layout_config, plan_workers, prefill_threshold
+    from hearthgate.deploy.vllm_worker import VllmWorker
 
     single = load_settings(layout_config("deploy/settings.example.yaml", "single"))
+    # Generation alone on core 0; embeddings, speech to text, rerank and speech on core 1.
     assert [(w.kind, w.port, w.core) for w in plan_workers(single)] == [
         ("gen", 8000, 0),
         ("embed", 8001, 1),
+        ("stt", 8003, 1),
+        ("rerank", 8004, 1),
+        ("tts", 8005, 1),
     ]
     split = load_settings(layout_config("deploy/settings.example.yaml", "split"))
     assert [(w.name, w.role) for w in split.workers] == [
@@ -165,8 +170,9 @@ def test_run_local_layouts_pin_the_workers() -> None:
     assert (prefill_threshold(True), prefill_threshold(False)) == (384, 64)
     most = str(prefill_threshold(bool(box.describe()["avx512"])))  # this box's
     step = ["--max-num-batched-tokens", "1024", "--long-prefill-token-threshold", most]
-    assert [w.extra_args for w in plan_workers(split)] == [tuple(step), (), ()]
-    assert plan_workers(single)[0].extra_args == tuple(step)
+    assert [getattr(w, "extra_args", None) for w in plan_workers(split)] == [tuple(step), (), ()]
+    first = plan_workers(single)[0]
+    assert isinstance(first, VllmWorker) and first.extra_args == tuple(step)
 
 
 def test_run_local_gives_the_gateway_its_box_settings(

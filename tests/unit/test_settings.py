@@ -23,7 +23,7 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_example_file_is_valid() -> None:
     s = load_settings(REPO / "deploy" / "settings.example.yaml")
     assert s.listen.port == 8080
-    assert s.models() == ["tiny-llama", "minilm"]
+    assert s.models() == ["tiny-llama", "minilm", "tiny-whisper", "tiny-rerank", "tts-1"]
 
 
 def test_defaults_and_url_normalised(tmp_path: Path) -> None:
