@@ -72,6 +72,8 @@ def worker_kind(spec: Worker) -> str:
     ``embed`` for role embeddings and ``gen``."""
     if spec.role == "speech":
         return "tts"
+    if spec.role == "transcription":
+        return "stt"
     by_model = {name: kind for kind, name in SERVED_NAMES.items()}
     served = [by_model[m] for m in spec.models if m in by_model]
     if served and served[0] not in ("gen", "embed"):

@@ -32,6 +32,7 @@ from typing import Any, TextIO
 import aiohttp
 
 from hearthgate.gateway.livecheck_rules import (
+    UNPROBED_ROLES,
     Finding,
     WorkerFacts,
     compare,
@@ -45,6 +46,7 @@ from hearthgate.gateway.vllm_process import Policy, local_policy
 from hearthgate.policies.budgets import upstream_priority
 
 PROBE_TEXT = "hearthgate live check"
+SCORE_PROBE = {"text_1": PROBE_TEXT, "text_2": PROBE_TEXT}
 
 
 # ----- probing -----
@@ -94,17 +96,29 @@ async def _role_probe(
     """One tiny request of the worker's role, carrying ``priority``: (answered, refused the
     priority, what went wrong). A refused priority is retried without one."""
     embedding = worker.role == "embeddings"
-    url = worker.url + ("/v1/embeddings" if embedding else "/v1/completions")
-    body: dict[str, Any] = {"model": model}
-    body.update({"input": PROBE_TEXT} if embedding else {"prompt": PROBE_TEXT, "max_tokens": 1})
-    try:
-        status, text = await _request(session, "POST", url, {**body, "priority": priority})
-        refused = priority_refused(status, text)
-        if refused:
-            status, text = await _request(session, "POST", url, body)
-    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        return None, False, _why(exc)
-    return status == 200, refused, "" if status == 200 else _short(status, text)
+    probes: list[tuple[str, dict[str, Any]]] = (
+        # An embedding model, or a cross-encoder (rerank and score).
+        [("/v1/embeddings", {"input": PROBE_TEXT}), ("/v1/score", SCORE_PROBE)]
+        if embedding
+        else [("/v1/completions", {"prompt": PROBE_TEXT, "max_tokens": 1})]
+    )
+    notes: list[str] = []
+    refused = False
+    for path, fields in probes:
+        body: dict[str, Any] = {"model": model, **fields}
+        try:
+            status, text = await _request(
+                session, "POST", worker.url + path, {**body, "priority": priority}
+            )
+            refused = priority_refused(status, text)
+            if refused:
+                status, text = await _request(session, "POST", worker.url + path, body)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            return None, False, _why(exc)
+        if status == 200:
+            return True, refused, ""
+        notes.append(f"{path}: {_short(status, text)}")
+    return False, refused, "; ".join(notes)
 
 
 async def probe_worker(
@@ -124,6 +138,8 @@ async def probe_worker(
     wanted = [worker.upstream_model(m) for m in worker.models]
     model = next((u for u in wanted if u in served), models[0].id if models else None)
     if model is None:
+        return WorkerFacts(models=models, policy=policy, policy_source=source)
+    if worker.role in UNPROBED_ROLES:
         return WorkerFacts(models=models, policy=policy, policy_source=source)
     answered, refused, note = await _role_probe(session, worker, model, probe_priority)
     if policy is None and refused:

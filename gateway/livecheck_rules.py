@@ -130,8 +130,8 @@ def check_context(
     default_max_tokens: int,
 ) -> list[Finding]:
     """``max_model_len`` (prompt + answer) against what the settings route to the worker."""
-    if worker.role == "embeddings":
-        return []
+    if worker.role not in ("general", "long_prefill"):
+        return []  # no text prompts of the settings' lengths reach it
     name, mml, dmt = worker.name, max_model_len, default_max_tokens
     if mml <= dmt:
         return [
@@ -221,17 +221,25 @@ def check_priority(worker: Worker, policy: Policy | None, source: str) -> list[F
     return []
 
 
+# Speech to text and text to speech: their role probe would transcribe or synthesize.
+UNPROBED_ROLES = frozenset({"transcription", "speech"})
+
+
 def check_role(worker: Worker, facts: WorkerFacts) -> list[Finding]:
-    """The worker does what its role needs: embeddings -> /v1/embeddings, else generation."""
+    """The worker does what its role needs: embeddings -> /v1/embeddings (or, for a
+    cross-encoder, /v1/score), generation roles -> /v1/completions; speech workers are not
+    probed (a probe would cost a transcription or a synthesis)."""
     name, note = worker.name, facts.probe_note
+    if worker.role in UNPROBED_ROLES:
+        return []
     if worker.role == "embeddings":
         if facts.embeds is False:
             return [
                 Finding(
                     name,
                     "error",
-                    f"has role embeddings, but /v1/embeddings failed ({note}): it does not "
-                    "run an embedding (pooling) model",
+                    f"has role embeddings, but /v1/embeddings and /v1/score failed ({note}): "
+                    "it does not run an embedding or scoring (pooling) model",
                     "point this entry at the embeddings worker, or start vLLM with an "
                     "embedding model and --runner pooling",
                 )

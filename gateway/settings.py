@@ -88,9 +88,10 @@ class Health(_Strict):
     scrape_metrics: bool = True  # read vllm:num_requests_waiting and KV usage each interval
 
 
-# speech: an OpenAI-compatible text-to-speech server (not vLLM: no /metrics to scrape; its
-# health is /health, or /v1/models where it has none).
-WorkerRole = Literal["general", "long_prefill", "embeddings", "speech"]
+# transcription: vLLM serving a speech-to-text (Whisper-family) model. speech: an
+# OpenAI-compatible text-to-speech server (not vLLM: no /metrics to scrape; its health is
+# its /v1/models).
+WorkerRole = Literal["general", "long_prefill", "embeddings", "transcription", "speech"]
 _NAME = r"^[A-Za-z0-9_.-]+$"
 
 

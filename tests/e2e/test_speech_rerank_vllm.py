@@ -49,7 +49,7 @@ def speech(workers: Workers, monkeypatch_module: pytest.MonkeyPatch) -> Iterator
     settings = {
         "workers": [
             {"name": "gen0", "url": workers.gen.url, "models": ["tiny-llama"]},
-            {"name": "stt0", "url": stt.url, "models": ["tiny-whisper"]},
+            {"name": "stt0", "url": stt.url, "models": ["tiny-whisper"], "role": "transcription"},
             {"name": "rr0", "url": rerank.url, "models": ["tiny-rerank"], "role": "embeddings"},
             {"name": "tts0", "url": tts.url, "models": ["tts-1"], "role": "speech"},
         ],

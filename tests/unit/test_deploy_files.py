@@ -32,6 +32,7 @@ KEYS = {
     "GRAFANA_ADMIN_PASSWORD": "g",
 }
 WORKERS = ("vllm-gen", "vllm-embed")
+VOICE = ("vllm-stt", "speech")  # profile voice
 MONITORING = ("prometheus", "grafana")
 _VAR = re.compile(r"\$\{(\w+)(?:(:?[-?])([^}]*))?\}")
 
@@ -104,8 +105,8 @@ def flags(service: dict[str, Any]) -> dict[str, str]:
 
 
 def test_services_and_images(services: dict[str, Any]) -> None:
-    assert set(services) == {"vllm-gen", "vllm-embed", "gateway", "redis", "prometheus", "grafana"}
-    for name in WORKERS:
+    assert set(services) == {*WORKERS, *VOICE, "gateway", "redis", "prometheus", "grafana"}
+    for name in (*WORKERS, "vllm-stt"):
         image = services[name]["image"]
         assert image.startswith("vllm/vllm-openai:v"), image  # pinned, not :latest
     assert services["redis"]["image"] == "redis:7"
@@ -118,7 +119,7 @@ def test_services_and_images(services: dict[str, Any]) -> None:
 
 def test_only_the_gateway_is_on_the_network(services: dict[str, Any]) -> None:
     assert services["gateway"]["ports"] == ["8080:8080"]
-    for name in (*WORKERS, "redis"):
+    for name in (*WORKERS, *VOICE, "redis"):
         assert "ports" not in services[name], f"{name} must not skip the gateway"
     for name in MONITORING:
         assert all(p.startswith("127.0.0.1:") for p in services[name]["ports"]), name
@@ -156,11 +157,20 @@ def test_gateway_settings_name_the_redis_service(services: dict[str, Any]) -> No
 
 
 def test_workers_share_one_gpu(services: dict[str, Any]) -> None:
-    devices = [services[n]["deploy"]["resources"]["reservations"]["devices"] for n in WORKERS]
+    gpu = (*WORKERS, "vllm-stt")
+    devices = [services[n]["deploy"]["resources"]["reservations"]["devices"] for n in gpu]
     for (device,) in devices:
         assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
-    assert devices[0] == devices[1]  # the same GPU
-    assert sum(float(flags(services[n])["--gpu-memory-utilization"]) for n in WORKERS) < 1
+    assert devices[0] == devices[1] == devices[2]  # the same GPU
+
+    def share(svcs: dict[str, Any], names: tuple[str, ...]) -> float:
+        return sum(float(flags(svcs[n])["--gpu-memory-utilization"]) for n in names)
+
+    assert share(services, WORKERS) <= 0.87
+    # With the voice profile, at the share the compose file's comments say for vllm-gen.
+    voice = interpolate(raw_compose(), {**KEYS, "GEN_GPU_MEMORY": "0.62"})["services"]
+    assert share(voice, gpu) <= 0.87
+    assert services["vllm-stt"]["profiles"] == services["speech"]["profiles"] == ["voice"]
 
 
 def test_worker_flags(services: dict[str, Any]) -> None:
@@ -229,7 +239,8 @@ def test_the_gateway_mounts_its_settings_folder_not_a_file(services: dict[str, A
 def test_monitoring_is_an_optional_profile(services: dict[str, Any]) -> None:
     for name in MONITORING:
         assert services[name]["profiles"] == ["monitoring"]
-    assert all("profiles" not in s for n, s in services.items() if n not in MONITORING)
+    optional = (*MONITORING, *VOICE)
+    assert all("profiles" not in s for n, s in services.items() if n not in optional)
 
 
 def test_prometheus_scrapes_the_gateway_and_both_workers(services: dict[str, Any]) -> None:
@@ -252,7 +263,7 @@ def test_compose_settings_pass_hearthgate_check(
     compose_settings: Settings, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert hearthgate(["check", str(DEPLOY / "config" / "settings.yaml")]) == 0
-    assert "ok (2 workers: gen0, emb0)" in capsys.readouterr().out
+    assert "ok (4 workers: gen0, emb0, stt0, tts0)" in capsys.readouterr().out
     assert compose_settings.listen.host == "0.0.0.0"
 
 
@@ -261,9 +272,13 @@ def test_compose_settings_agree_with_the_workers(
 ) -> None:
     s = compose_settings
     assert len({urlsplit(w.url).hostname for w in s.workers}) == len(s.workers)
+    speech = [w for w in s.workers if w.role == "speech"]
+    assert [urlsplit(w.url).hostname for w in speech] == ["speech"]  # not vLLM: no flags
     for w in s.workers:
+        if w.role == "speech":
+            continue
         url = urlsplit(w.url)
-        assert url.hostname in WORKERS, f"{w.name}: {w.url} names no compose worker service"
+        assert url.hostname in (*WORKERS, "vllm-stt"), f"{w.name}: {w.url} names no worker"
         f = flags(services[url.hostname])
         assert str(url.port) == f["--port"]
         assert {w.upstream_model(m) for m in w.models} == {f["--served-model-name"]}

@@ -235,3 +235,11 @@ def test_a_worker_that_does_not_generate_gets_only_the_role_error() -> None:
     f = facts(("llama", 100), generates=False, probe_note="HTTP 404: Not Found")
     (only,) = compare(w, f, settings(w))
     assert "does not run a text generation model" in only.problem
+
+
+@pytest.mark.parametrize("role", ["transcription", "speech"])
+def test_speech_workers_are_not_probed_nor_held_to_text_lengths(role: str) -> None:
+    w = worker(role=role)
+    assert check_role(w, WorkerFacts(models=[])) == []
+    # Whisper's 448 positions are its own; no text prompt of the settings reaches it.
+    assert check_context(w, 448, 1024, 256) == []
