@@ -37,6 +37,7 @@ class LoadShape:
     chat_rate: float = 2.0
     rag_rate: float = 0.6  # half streaming, half not
     embed_rate: float = 0.5  # groups per second; a group arrives at once, so it coalesces
+    voice_rate: float = 0.5  # streamed Responses API turns
     embed_group: int = 6
     output_tokens: int = 48
     # Every so often several long prompts at once (a notes app indexing documents): past the
@@ -74,7 +75,7 @@ class Planned:
 
     @property
     def stream(self) -> bool:
-        return self.kind in ("chat", "rag_stream")
+        return self.kind in ("chat", "rag_stream", "voice")
 
 
 def _poisson(rate: float, horizon_s: float, rng: random.Random) -> list[float]:
@@ -96,7 +97,8 @@ def with_disconnect(p: Planned, shape: LoadShape, rng: random.Random) -> Planned
     if phase == "queued":
         delay = rng.uniform(0.0, shape.queued_within_s)
     elif phase == "prefill":
-        delay = rng.uniform(*(shape.chat_prefill_s if p.kind == "chat" else shape.rag_prefill_s))
+        short = p.kind in ("chat", "voice")
+        delay = rng.uniform(*(shape.chat_prefill_s if short else shape.rag_prefill_s))
     elif phase == "mid_stream":
         after = rng.randint(1, max(1, shape.output_tokens - 1))
     elif phase == "non_streaming":
@@ -112,7 +114,7 @@ def plan_arrivals(
     """Every arrival up to ``horizon_s``, in time order (ties by id). Deterministic for a
     seed; each kind has its own generator, so changing one rate leaves the others alone."""
     base = random.Random(seed)
-    kinds = ("chat", "rag", "embed", "cut")
+    kinds = ("chat", "rag", "embed", "cut", "voice")  # new kinds last: older plans stay
     streams = {k: random.Random(base.getrandbits(64)) for k in kinds}
     raw: list[tuple[float, str]] = []
     raw += [(t, "chat") for t in _poisson(shape.chat_rate, horizon_s, streams["chat"])]
@@ -120,6 +122,7 @@ def plan_arrivals(
         raw.append((t, "rag_stream" if streams["rag"].random() < 0.5 else "rag_full"))
     for t in _poisson(shape.embed_rate, horizon_s, streams["embed"]):
         raw += [(t, "embed")] * shape.embed_group
+    raw += [(t, "voice") for t in _poisson(shape.voice_rate, horizon_s, streams["voice"])]
     every = shape.rag_burst_every_s
     t = every / 2
     while every > 0 and t < horizon_s:
@@ -173,6 +176,10 @@ def request_for(p: Planned, shape: LoadShape) -> tuple[str, dict[str, Any]]:
     if p.kind == "chat":
         text = build_text(rng.randint(*CHAT_WORDS), rng)
         return "/v1/chat/completions", {**gen, "messages": [{"role": "user", "content": text}]}
+    if p.kind == "voice":
+        text = build_text(rng.randint(*CHAT_WORDS), rng)
+        body = {"model": GEN_MODEL, "input": text, "max_output_tokens": shape.output_tokens}
+        return "/v1/responses", {**body, "ignore_eos": True, "stream": True}
     return "/v1/completions", {**gen, "prompt": build_text(RAG_WORDS, rng)}
 
 
@@ -237,6 +244,9 @@ class _Exchange:
             return
         if not isinstance(obj, dict):
             return
+        if isinstance(obj.get("type"), str):  # the Responses API's named events
+            self._response_event(obj)
+            return
         if "error" in obj and not obj.get("choices"):
             err = obj["error"]
             rec.error_event = str(err.get("message", err) if isinstance(err, dict) else err)[
@@ -244,14 +254,31 @@ class _Exchange:
             ]
             return
         if is_token_event(obj):
-            rec.tokens += 1
-            if rec.first_token_s is None:
-                rec.first_token_s = round(self.clock(), 4)
-            if self.after_tokens and rec.tokens >= self.after_tokens:
-                self.reached.set()
+            self._token()
         usage = obj.get("usage")
         if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
             rec.usage_tokens = int(usage["completion_tokens"])
+
+    def _response_event(self, obj: Mapping[str, Any]) -> None:
+        rec, kind = self.rec, obj["type"]
+        if kind == "response.output_text.delta":
+            self._token()
+        elif kind in ("response.completed", "response.incomplete"):
+            rec.done = True
+            response = obj.get("response")
+            usage = response.get("usage") if isinstance(response, dict) else None
+            if isinstance(usage, dict) and usage.get("output_tokens") is not None:
+                rec.usage_tokens = int(usage["output_tokens"])
+        elif kind in ("error", "response.failed"):
+            rec.error_event = str(obj.get("message") or obj)[:_ERROR_LIMIT]
+
+    def _token(self) -> None:
+        rec = self.rec
+        rec.tokens += 1
+        if rec.first_token_s is None:
+            rec.first_token_s = round(self.clock(), 4)
+        if self.after_tokens and rec.tokens >= self.after_tokens:
+            self.reached.set()
 
     async def _read_stream(self, resp: aiohttp.ClientResponse) -> None:
         buf = b""

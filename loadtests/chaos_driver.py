@@ -27,6 +27,7 @@ from hearthgate.loadtests.chaos_client import (
     send,
 )
 from hearthgate.loadtests.chaos_outcomes import (
+    KINDS,
     PHASES,
     Check,
     KillEvent,
@@ -175,7 +176,7 @@ class Driver:
     async def _prime(self, session: aiohttp.ClientSession) -> None:
         """Every request shape twice, one at a time (vLLM compiles graphs for new shapes)."""
         for round_ in range(2):
-            for i, kind in enumerate(("chat", "rag_stream", "rag_full", "embed")):
+            for i, kind in enumerate(KINDS):
                 p = Planned(-(100 + 10 * round_ + i), 0.0, kind, text_seed=round_ * 10 + i)
                 rec = new_log(p, self.clock(), self.cfg.shape, warmup=True)
                 self.records.append(rec)
@@ -228,7 +229,9 @@ class Driver:
         st = await self.status(session, timeout=0.5)
         if st is None:
             return None
-        queue = (st.get("queues") or {}).get("chat" if kind == "chat" else "rag") or {}
+        # Voice turns come from the soak's app without a rule: its default class, chat.
+        cls = "chat" if kind in ("chat", "voice") else "rag"
+        queue = (st.get("queues") or {}).get(cls) or {}
         return "queued" if queue.get("depth") else "prefill"
 
     # ----- observation

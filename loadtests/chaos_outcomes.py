@@ -19,8 +19,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-KINDS = ("chat", "rag_stream", "rag_full", "embed")
-GEN_KINDS = frozenset({"chat", "rag_stream", "rag_full"})
+# voice: a streamed turn of OpenAI's Responses API (Home Assistant's conversation agent).
+KINDS = ("chat", "rag_stream", "rag_full", "embed", "voice")
+GEN_KINDS = frozenset({"chat", "rag_stream", "rag_full", "voice"})
 PHASES = ("queued", "prefill", "mid_stream", "non_streaming", "embed_window")
 # The phases at which each kind of request may be disconnected.
 KIND_PHASES: Mapping[str, tuple[str, ...]] = {
@@ -28,6 +29,7 @@ KIND_PHASES: Mapping[str, tuple[str, ...]] = {
     "rag_stream": ("queued", "prefill", "mid_stream"),
     "rag_full": ("non_streaming",),
     "embed": ("embed_window",),
+    "voice": ("queued", "prefill", "mid_stream"),
 }
 RELATIONS = ("in_flight_no_token", "sent_during_outage", "streaming_at_kill", "unaffected")
 ACCEPTABLE_WITHOUT_TOKEN = frozenset({"completed", "http_503_retry_after"})

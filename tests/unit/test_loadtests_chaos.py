@@ -367,6 +367,7 @@ def test_rag_bursts_plan_queued_disconnects() -> None:
         chat_rate=0,
         rag_rate=0,
         embed_rate=0,
+        voice_rate=0,
         rag_burst_every_s=10.0,
         rag_burst_size=4,
         disconnect_fraction=0.0,
@@ -602,3 +603,17 @@ async def test_send_cancelled_from_outside_is_unfinished(fake: tuple[Fake, str])
         await task
     assert outcome(r) == "unfinished" and r.disconnected is None
     await _wait_gone(f, 1)
+
+
+def test_voice_turns_are_streamed_responses_and_leave_the_other_plans_alone() -> None:
+    from hearthgate.loadtests.chaos_client import request_for
+
+    shape = LoadShape(disconnect_fraction=0.0)
+    plan = plan_arrivals(shape, 60, seed=3)
+    voice = [p for p in plan if p.kind == "voice"]
+    assert voice and all(p.stream for p in voice)
+    path, body = request_for(voice[0], shape)
+    assert path == "/v1/responses" and body["stream"] and body["input"]
+    # The other kinds' arrivals are those of a plan without voice turns.
+    quiet = plan_arrivals(LoadShape(disconnect_fraction=0.0, voice_rate=0), 60, seed=3)
+    assert [p.at_s for p in plan if p.kind != "voice"] == [p.at_s for p in quiet]
