@@ -134,7 +134,9 @@ def create_app(
     async def operator_only(request: Request) -> None:
         """/status and /metrics: the admin key, or this machine only (gateway.auth)."""
         client = request.client.host if request.client is not None else None
-        admin.check(request.headers.get("authorization"), client)
+        h = request.headers
+        # A browser always sends Host (and Origin on a cross-site POST): both are checked.
+        admin.check(h.get("authorization"), client, h.get("host"), h.get("origin"))
 
     async def app_key(request: Request) -> None:
         """Non-proxy /v1 routes: an app's key whenever apps have keys, as on the proxy."""

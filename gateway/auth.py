@@ -13,6 +13,7 @@ import hmac
 import logging
 import os
 from collections.abc import Mapping
+from urllib.parse import urlsplit
 
 from hearthgate.gateway.errors import Unauthorized
 from hearthgate.gateway.settings import App, Settings, is_loopback
@@ -83,6 +84,19 @@ class AppKeys:
         return found
 
 
+def loopback_host(host: str) -> bool:
+    """Whether a ``Host`` header names this machine's loopback (``localhost``, 127.x,
+    ``[::1]``), with or without a port."""
+    name = urlsplit("//" + host).hostname
+    return name is not None and is_loopback(name)
+
+
+def same_origin(origin: str, host: str) -> bool:
+    """Whether an ``Origin`` header is the gateway's own (``http(s)://<Host>``)."""
+    parts = urlsplit(origin)
+    return parts.scheme in ("http", "https") and parts.netloc.lower() == host.lower()
+
+
 class AdminGuard:
     """Who may read /status and /metrics (and other operator pages).
 
@@ -106,10 +120,31 @@ class AdminGuard:
     def has_key(self) -> bool:
         return self._digest is not None
 
-    def check(self, authorization: str | None, client_host: str | None) -> None:
-        """Return if the request may read the operator pages; raise 401 otherwise."""
+    def check(
+        self,
+        authorization: str | None,
+        client_host: str | None,
+        host: str | None = None,
+        origin: str | None = None,
+    ) -> None:
+        """Return if the request may read the operator pages; raise 401 otherwise.
+
+        Without an admin key a loopback client must also name a loopback address in its
+        ``Host`` header (a page whose DNS name was rebound to 127.0.0.1 names its own) and
+        send no ``Origin`` of another site (a cross-origin form post from a page open in a
+        browser on this machine); ``host`` None: not checked (a caller without headers)."""
         if self._digest is None:
             if client_host is not None and is_loopback(client_host):
+                if host is not None and not loopback_host(host):
+                    raise Unauthorized(
+                        f"Host {host!r} is not this machine's loopback address: open the "
+                        "gateway as http://127.0.0.1 or http://localhost, or set an admin key"
+                    )
+                if host is not None and origin is not None and not same_origin(origin, host):
+                    raise Unauthorized(
+                        f"a page from {origin} may not use the operator endpoints; set an "
+                        "admin key to use them from elsewhere"
+                    )
                 return
             raise Unauthorized(
                 "this page answers only on the gateway's own machine: set an admin key "

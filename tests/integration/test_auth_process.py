@@ -298,3 +298,24 @@ def test_readme_batch_example_works_against_make_run(
     printed = out.stdout.splitlines()
     assert [p.split(" ", 1)[0] for p in printed] == [f"note-{i}" for i in range(100)]
     assert all(p.split(" ", 1)[1].startswith("t0 ") for p in printed), printed[:3]
+
+
+def test_a_browser_page_cannot_reload_or_read_status_without_the_admin_key() -> None:
+    """A gateway without an admin key, reached from this machine: a page on another site
+    (a cross-origin form post) and a page whose DNS name was rebound to 127.0.0.1 (its own
+    name in Host) are refused; the gateway's own status page is not."""
+    workers = [{"name": "w", "url": f"http://127.0.0.1:{free_port()}", "models": ["m"]}]
+    with GatewayProcess({"workers": workers}, run_dir=RUN_DIR, name="browser-gateway") as gw:
+        form = {"content-type": "application/x-www-form-urlencoded"}
+        posted = httpx.post(
+            gw.url + "/reload", headers={**form, "origin": "http://evil.example"}, content=b"a=1"
+        )
+        assert posted.status_code == 401
+        assert "may not use the operator endpoints" in posted.json()["error"]["message"]
+        port = httpx.URL(gw.url).port
+        rebound = httpx.get(gw.url + "/status", headers={"host": f"evil.example:{port}"})
+        assert rebound.status_code == 401
+        assert "not this machine's loopback" in rebound.json()["error"]["message"]
+        assert httpx.get(gw.url + "/status").status_code == 200
+        own = {"origin": gw.url.replace("127.0.0.1", "localhost"), "host": f"localhost:{port}"}
+        assert httpx.get(gw.url + "/status", headers=own).status_code == 200

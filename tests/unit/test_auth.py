@@ -309,3 +309,22 @@ def test_compose_hands_the_admin_key_to_the_gateway_and_prometheus() -> None:
     assert script.endswith('exec /bin/prometheus "$$@"')
     assert str(Path(secret).parent) in prom_service["tmpfs"]
     assert prom_service["command"][0].startswith("--config.file=")
+
+
+def test_loopback_operator_pages_refuse_rebinding_hosts_and_cross_origin_posts() -> None:
+    """Without an admin key, a page open in a browser on the gateway's machine must not
+    reach /reload or /status: by a rebound DNS name (its Host names its own site) or by a
+    cross-origin form post (its Origin names another site)."""
+    guard = AdminGuard(settings())
+    guard.check(None, "127.0.0.1", "127.0.0.1:8080", None)
+    guard.check(None, "127.0.0.1", "localhost:8080", "http://localhost:8080")  # the page itself
+    guard.check(None, "::1", "[::1]:8080", None)
+    guard.check(None, "127.0.0.1", None, None)  # no Host (HTTP/1.0 tools): not a browser
+    with pytest.raises(Unauthorized, match="not this machine's loopback"):
+        guard.check(None, "127.0.0.1", "evil.example:8080", None)
+    with pytest.raises(Unauthorized, match="may not use the operator endpoints"):
+        guard.check(None, "127.0.0.1", "127.0.0.1:8080", "http://evil.example")
+    with pytest.raises(Unauthorized, match="may not use the operator endpoints"):
+        guard.check(None, "127.0.0.1", "127.0.0.1:8080", "null")  # a sandboxed page
+    with pytest.raises(Unauthorized, match="may not use the operator endpoints"):
+        guard.check(None, "127.0.0.1", "127.0.0.1:8080", "http://127.0.0.1:9999")
