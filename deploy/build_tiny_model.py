@@ -247,18 +247,28 @@ SAMPLE = (
 )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--out", type=Path, required=True, help="output folder (rewritten)")
+def fresh_output(argv: list[str] | None, doc: str | None, default: Path | None = None) -> Path:
+    """The ``--out`` folder of a model builder's command line, emptied and made again, with
+    the environment set for offline building (the tiny models' builders share it)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
+    if default is None:
+        parser.add_argument("--out", type=Path, required=True, help="output folder (rewritten)")
+    else:
+        parser.add_argument("--out", type=Path, default=default, help="output folder (rewritten)")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    started = time.monotonic()
     out: Path = args.out
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    out = fresh_output(argv, __doc__)
+    started = time.monotonic()
     vocab = build_tokenizer(out)
 
     from transformers import AutoTokenizer

@@ -21,9 +21,6 @@ Contract:
 
 from __future__ import annotations
 
-import argparse
-import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -92,19 +89,15 @@ def check(out: Path) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument(
-        "--out", type=Path, default=Path(".models/tiny-rerank"), help="output folder (rewritten)"
-    )
-    args = parser.parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # The vLLM environment that runs this script has no gateway installed: the shared
+    # helper comes from the repository itself.
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from hearthgate.deploy.build_tiny_model import fresh_output
+
+    out = fresh_output(argv, __doc__, Path(".models/tiny-rerank"))
     started = time.monotonic()
-    out: Path = args.out
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
     vocab = build_tokenizer(out)
     params = build_model(out, vocab, pad_id=0)
     a, b = check(out)

@@ -26,10 +26,7 @@ Contract:
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -54,15 +51,21 @@ def _repo_root() -> Path:
     return Path(__file__).resolve().parents[1]
 
 
+def _on_path() -> None:
+    """Put the repository on ``sys.path``: the vLLM environment that runs this script does
+    not have the gateway installed, and the shared helpers live in build_tiny_model.py."""
+    root = str(_repo_root())
+    if root not in sys.path:
+        sys.path.insert(0, root)
+
+
 def training_lines() -> list[str]:
     """The seeded English-like sentences the tiny Llama's tokenizer is trained on.
 
     Imported from ``build_tiny_model.py`` through the repository's ``hearthgate`` package
     folder: the vLLM environment does not have the gateway installed.
     """
-    root = str(_repo_root())
-    if root not in sys.path:
-        sys.path.insert(0, root)
+    _on_path()
     from hearthgate.deploy.build_tiny_model import training_text
 
     return training_text()
@@ -195,19 +198,11 @@ def check(out: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument(
-        "--out", type=Path, default=Path(".models/tiny-whisper"), help="output folder (rewritten)"
-    )
-    args = parser.parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _on_path()
+    from hearthgate.deploy.build_tiny_model import fresh_output
+
+    out = fresh_output(argv, __doc__, Path(".models/tiny-whisper"))
     started = time.monotonic()
-    out: Path = args.out
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
     tok = build_tokenizer(out)
     params = build_model(out, tok)
     heard = check(out)

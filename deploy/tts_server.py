@@ -40,7 +40,6 @@ import contextlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -50,6 +49,7 @@ from hearthgate.deploy.server_process import (
     ServerProcess,
     WorkerError,
     cpu_set,
+    find_in_package,
     get_json,
     lists_model,
 )
@@ -68,25 +68,7 @@ def find_voice(python: Path, voice: str = DEFAULT_VOICE) -> Path:
     interpreter where the package is, without importing it here. WorkerError if the voice
     or its ``.onnx.json`` is missing.
     """
-    name = f"{voice}.onnx"
-    venv = python.parent.parent
-    for candidate in sorted(venv.glob(f"lib/python3*/site-packages/{VOICE_PACKAGE}/data/{name}")):
-        if voice_config(candidate).is_file():
-            return candidate
-    code = (
-        f"import importlib.util as u; s = u.find_spec({VOICE_PACKAGE!r}); "
-        "print(list(s.submodule_search_locations)[0] if s else '')"
-    )
-    try:
-        found = subprocess.run(
-            [str(python), "-c", code], capture_output=True, text=True, timeout=60, check=False
-        ).stdout.strip()
-    except OSError as exc:
-        raise WorkerError(f"cannot run {python} to find {VOICE_PACKAGE}: {exc}") from exc
-    model = Path(found) / "data" / name if found else None
-    if model is None or not model.is_file() or not voice_config(model).is_file():
-        raise WorkerError(f"voice {name} of package {VOICE_PACKAGE} not found for {python}")
-    return model
+    return find_in_package(python, VOICE_PACKAGE, f"data/{voice}.onnx", ".json")
 
 
 def voice_config(model: Path) -> Path:

@@ -41,7 +41,6 @@ CLI: ``python -m hearthgate.deploy.vllm_worker --kind gen --port 8000 --core 0 -
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -55,6 +54,7 @@ from hearthgate.deploy.server_process import (
     WorkerError,
     _nice_session,
     cpu_set,
+    find_in_package,
     get_json,
     lists_model,
     move_process,
@@ -117,24 +117,7 @@ def find_embed_model(python: Path) -> Path:
     Globs the venv next to ``python`` first (no process); falls back to asking that
     interpreter where the package is, without importing it here.
     """
-    venv = python.parent.parent
-    for candidate in sorted(venv.glob(f"lib/python3*/site-packages/{EMBED_PACKAGE}/model")):
-        if (candidate / "config.json").is_file():
-            return candidate
-    code = (
-        f"import importlib.util as u; s = u.find_spec({EMBED_PACKAGE!r}); "
-        "print(list(s.submodule_search_locations)[0] if s else '')"
-    )
-    try:
-        found = subprocess.run(
-            [str(python), "-c", code], capture_output=True, text=True, timeout=60, check=False
-        ).stdout.strip()
-    except OSError as exc:
-        raise WorkerError(f"cannot run {python} to find {EMBED_PACKAGE}: {exc}") from exc
-    model = Path(found) / "model" if found else None
-    if model is None or not (model / "config.json").is_file():
-        raise WorkerError(f"package {EMBED_PACKAGE} (with model/) not found for {python}")
-    return model
+    return find_in_package(python, EMBED_PACKAGE, "model", "/config.json")
 
 
 def gen_dtype(avx512: bool) -> str:
