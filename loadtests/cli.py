@@ -484,6 +484,14 @@ def build_parser() -> argparse.ArgumentParser:
     batchbench.add_args(bt)
     bt.set_defaults(func=batchbench.run)
 
+    vt = sub.add_parser(
+        "voice-turn", help="speech in, a Responses turn, speech out: idle and under home-mix"
+    )
+    from hearthgate.loadtests import voice_turn
+
+    voice_turn.add_args(vt)
+    vt.set_defaults(func=voice_turn.run)
+
     fz = sub.add_parser("fuzz", help="generated odd requests through a gateway (issue 11)")
     _fuzz_args(fz)
     fz.set_defaults(func=cmd_fuzz)
