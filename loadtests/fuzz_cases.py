@@ -47,6 +47,8 @@ ENDPOINTS = {
     "embeddings": "/v1/embeddings",
     "responses": "/v1/responses",
     "messages": "/v1/messages",
+    "rerank": "/v1/rerank",
+    "score": "/v1/score",
 }
 INPUT_KEY = {
     "chat": "messages",
@@ -54,6 +56,8 @@ INPUT_KEY = {
     "embeddings": "input",
     "responses": "input",
     "messages": "messages",
+    "rerank": "documents",
+    "score": "text_2",
 }
 # Their streams are named events that end in a last event, not ``data: [DONE]``.
 NAMED_EVENTS = frozenset({"responses", "messages"})
@@ -121,6 +125,15 @@ def valid_body(rnd: random.Random, endpoint: str, cfg: FuzzConfig) -> dict[str, 
             body["encoding_format"] = rnd.choice(["float", "base64"])
         if rnd.random() < 0.1:
             body["user"] = _text(rnd, 2)
+        return body
+    if endpoint in ("rerank", "score"):
+        docs = [_text(rnd) for _ in range(rnd.randint(1, 4))]
+        if endpoint == "rerank":
+            body = {"model": cfg.rerank_model, "query": _text(rnd), "documents": docs}
+            if rnd.random() < 0.3:
+                body["top_n"] = rnd.randint(1, len(docs))
+        else:
+            body = {"model": cfg.rerank_model, "text_1": _text(rnd), "text_2": docs}
         return body
     if endpoint == "responses":
         turn = {"role": "user", "content": _text(rnd)}

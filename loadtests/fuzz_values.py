@@ -31,6 +31,7 @@ class FuzzConfig:
     # `seed` has its prefill split into chunks (a prompt longer than what is left of the
     # step's token budget, 2048 by default): "CPU Generator does not use offset".
     send_seed: bool = True
+    rerank_model: str = "tiny-rerank"  # a cross-encoder (rerank and score)
 
 
 # ---------------------------------------------------------------- JSON rendering
@@ -395,6 +396,20 @@ def field_values(endpoint: str, cfg: FuzzConfig) -> dict[str, SearchStrategy[obj
             "prompt_logprobs": edges([0, 1, 5, 20, 21, -1, 1000, None]),
         }
     )
+    if endpoint in ("rerank", "score"):
+        texts = odd_input("embeddings", cfg)
+        out.update(
+            {
+                "query": texts,
+                "documents": texts,
+                "top_n": edges([0, -1, 1, 3, 2**31, None, "2", 1.5]),
+                "text_1": texts,
+                "text_2": texts,
+                "return_documents": edges([True, False, None, "x"]),
+                "truncate_prompt_tokens": edges([-1, 0, 1, 8, 10**9, None]),
+            }
+        )
+        return out
     if endpoint == "responses":
         out.update(
             {

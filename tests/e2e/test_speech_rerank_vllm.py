@@ -63,6 +63,7 @@ def speech(workers: Workers, monkeypatch_module: pytest.MonkeyPatch) -> Iterator
             {"endpoint": "score", "class": "rag"},
         ],
         "health": {"interval_s": 0.5, "retry_after_s": 2},
+        "limits": {"max_body_bytes": 200_000},
     }
     try:
         with gateway(settings, name="speech-gateway") as url:
@@ -214,3 +215,20 @@ def test_speech_lists_and_models(speech: Speech) -> None:
     assert {m["id"]: m.get("max_model_len") for m in models}["tiny-whisper"] == 448
     assert httpx.get(speech.gateway + "/v1/audio/models", headers=key).status_code == 200
     assert httpx.get(speech.gateway + "/v1/audio/voices").status_code == 401  # keys are on
+
+
+@pytest.mark.parametrize("endpoint", ["rerank", "score"])
+def test_fuzz_rerank_and_score(speech: Speech, endpoint: str) -> None:
+    """The fuzzer's odd bodies on the pooling endpoints (tests/e2e/test_fuzz_vllm.py has
+    the others): no 5xx of the gateway's own, every 4xx in OpenAI's shape, nothing hangs."""
+    from hearthgate.loadtests.fuzz import FuzzConfig, render_markdown, run
+
+    count = 100
+    cfg = FuzzConfig(key=NOTES_KEY, body_limit=200_000, send_seed=False)
+    tally = run(speech.gateway, count, 13, cfg, endpoints=[endpoint], concurrency=4)
+    assert tally.sent[endpoint] == count
+    if tally.failed:
+        report = render_markdown(tally, {"test": f"{endpoint}, seed 13"}, 13)
+        pytest.fail(report[report.index("## Failures") :][:6000])
+    relayed = sum(n for (_, s, o), n in tally.counts.items() if o == "worker" and s == "200")
+    assert relayed > count // 20
