@@ -47,7 +47,7 @@ from hearthgate.gateway.settings import Worker
 from hearthgate.loadtests.calibrate import calibrate
 from hearthgate.loadtests.prompts import Calibration
 from hearthgate.loadtests.report import summarize
-from hearthgate.loadtests.runner import Endpoints, prime, run_workload
+from hearthgate.loadtests.runner import Endpoints, make_session, prime, run_workload
 from hearthgate.loadtests.scenario import Scenario, load_scenario, resolve_scenario_path
 from hearthgate.loadtests.stats import percentile
 from hearthgate.loadtests.workload import plan, priming_plan
@@ -301,9 +301,12 @@ async def run_round(
 ) -> tuple[list[Turn], dict[str, Any]]:
     """Idle turns, then turns every ``every_s`` while the scenario runs against ``target``;
     the turns and the background's summary."""
+    # The turns have a session of their own: behind the background's connections (a gateway
+    # holds each queued request's), a shared client pool would make the turns wait in the
+    # load generator, not in the server.
     timeout = aiohttp.ClientTimeout(total=120)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        await prime(scenario, priming_plan(scenario, cal), target, session=session)
+    async with make_session() as load, aiohttp.ClientSession(timeout=timeout) as session:
+        await prime(scenario, priming_plan(scenario, cal), target, session=load)
         for _ in range(3):  # warm every shape of the turn up
             await voice_turn(session, urls, audio, Turn(target.name, "warm", round_, 0.0))
         turns = await turns_every(
@@ -331,7 +334,7 @@ async def run_round(
                 start_after_s=scenario.warmup_s,
             )
         )
-        result = await run_workload(scenario, reqs, target, session=session)
+        result = await run_workload(scenario, reqs, target, session=load)
         turns += await loaded_task
     background = summarize(result, scenario)
     return turns, background
