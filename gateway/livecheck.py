@@ -117,7 +117,8 @@ async def _role_probe(
             return None, False, _why(exc)
         if status == 200:
             return True, refused, ""
-        notes.append(f"{path}: {_short(status, text)}")
+        # The first probe's failure as it is; a fallback's after it, named.
+        notes.append(_short(status, text) if not notes else f"{path}: {_short(status, text)}")
     return False, refused, "; ".join(notes)
 
 

@@ -238,8 +238,8 @@ def check_role(worker: Worker, facts: WorkerFacts) -> list[Finding]:
                 Finding(
                     name,
                     "error",
-                    f"has role embeddings, but /v1/embeddings and /v1/score failed ({note}): "
-                    "it does not run an embedding or scoring (pooling) model",
+                    f"has role embeddings, but /v1/embeddings failed ({note}), and so did "
+                    "/v1/score: it does not run an embedding or scoring (pooling) model",
                     "point this entry at the embeddings worker, or start vLLM with an "
                     "embedding model and --runner pooling",
                 )

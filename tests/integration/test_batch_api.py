@@ -171,7 +171,9 @@ class Gw:
         # Some openai versions type http_client as another package's client (httpx2); an
         # httpx client over the ASGI transport works with all of them.
         http = cast(Any, self.http)
-        return AsyncOpenAI(base_url="http://gw/v1", api_key=key, http_client=http, max_retries=0)
+        return AsyncOpenAI(
+            base_url="http://127.0.0.1/v1", api_key=key, http_client=http, max_retries=0
+        )
 
     @property
     def service(self) -> BatchService:
@@ -225,7 +227,7 @@ async def running(s: Settings, handler: Handler = instant) -> AsyncIterator[Gw]:
     app = create_app(s, upstream=upstream)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as http:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
             yield Gw(app, http, upstream)
 
 

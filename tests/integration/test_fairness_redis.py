@@ -44,7 +44,7 @@ async def run_heavy(redis_url: str, n: int) -> dict[str, dict[str, float]]:
     app = create_app(config(redis_url), upstream=FakeUpstream(answer))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as http:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
             for i in range(n):
                 r = await http.post(
                     "/v1/chat/completions",
@@ -65,7 +65,7 @@ async def test_restart_keeps_heavy_app_behind_and_token_totals(redis_url: str) -
         assert after["chat"]["heavy"] == pytest.approx(before["chat"]["heavy"])
         assert after["chat"].get("light", 0.0) == 0.0
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as http:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
             status = (await http.get("/status")).json()
     lifetime = status["batches"]["app_tokens_lifetime"]
     assert lifetime["heavy"] == {"prompt": 600, "completion": 300}

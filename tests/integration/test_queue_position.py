@@ -55,7 +55,7 @@ async def test_each_app_sees_its_own_waiting_requests_and_their_place() -> None:
     app = create_app(s, upstream=FakeUpstream(handler))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as http:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
 
             def send(app_name: str, content: str, rid: str | None = None) -> asyncio.Task[Any]:
                 headers = {"authorization": f"Bearer {KEYS[app_name]}"}

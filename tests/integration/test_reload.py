@@ -117,7 +117,7 @@ async def running(tmp_path: Path, settings: dict[str, Any]) -> AsyncIterator[Run
     )
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as http:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
             yield Running(http, file, gate, upstream)
 
 
@@ -266,7 +266,7 @@ async def test_without_a_settings_file_reload_is_refused(tmp_path: Path) -> None
     app = create_app(s, upstream=FakeUpstream(Gate()))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as http:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
             r = await http.post("/reload")
     assert r.status_code == 400 and "not started from a settings file" in r.json()["error"]
 
@@ -276,6 +276,6 @@ async def test_reload_is_an_operator_page(tmp_path: Path) -> None:
     async with running(tmp_path, base()) as gw:
         app = gw.http._transport.app  # type: ignore[attr-defined]
         transport = httpx.ASGITransport(app=app, client=("192.168.1.20", 5000))
-        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as remote:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as remote:
             r = await remote.post("/reload")
         assert r.status_code == 401

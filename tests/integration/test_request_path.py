@@ -510,7 +510,7 @@ async def test_unknown_paths_and_trailing_slashes_are_openai_shaped_404s() -> No
 
     app = create_app(settings(), upstream=FakeUpstream(answer(FakeResponse(chunks=[OK_JSON]))))
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
         for path in ("/v1/completions/", "/v1/nothing"):
             r = await client.post(path, json=COMPLETION)
             assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"

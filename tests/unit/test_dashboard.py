@@ -70,7 +70,7 @@ def test_policy_allows_exactly_the_inline_script_and_style() -> None:
 async def _get(settings: Any, path: str, client: str, **headers: str) -> httpx.Response:
     app = create_app(settings)
     transport = httpx.ASGITransport(app=app, client=(client, 40000))
-    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as http:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
         return await http.get(path, headers=headers)
 
 
