@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from hearthgate.gateway.audio import audio_seconds
 from hearthgate.loadtests.scenario import load_scenario, resolve_scenario_path
-from hearthgate.loadtests.voice_turn import (
-    Turn,
+from hearthgate.loadtests.voice_turn_client import Turn, speech_wav
+from hearthgate.loadtests.voice_turn_report import (
     build_summary,
     render_markdown,
-    speech_wav,
     summarize_turns,
 )
 
