@@ -17,12 +17,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from hearthgate.gateway.errors import ErrorShape, GatewayError, sse_error_event
-
-if TYPE_CHECKING:
-    from hearthgate.gateway.parse import ParsedRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +74,22 @@ def named_event(kind: str, data: dict[str, Any]) -> bytes:
     return f"event: {kind}\ndata: {json.dumps(data)}\n\n".encode()
 
 
+class Costed(Protocol):
+    """What a cost function reads of a parsed request (``gateway.parse.ParsedRequest``)."""
+
+    @property
+    def body(self) -> dict[str, Any]: ...
+
+    @property
+    def max_tokens(self) -> int | None: ...
+
+    @property
+    def audio_s(self) -> float | None: ...
+
+
 # What a request costs the budgets when its text does not say: (prompt tokens, most output
 # tokens), from the parsed request (speech-to-text: the seconds of audio).
-Cost = Callable[["ParsedRequest"], tuple[int, int]]
+Cost = Callable[[Costed], tuple[int, int]]
 
 # A check of the whole body beyond field types: raises BadRequest. Arguments: the body and
 # the most inputs one request may hold (limits.max_embedding_inputs).

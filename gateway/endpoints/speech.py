@@ -5,15 +5,10 @@ the metrics and SLO figures. Charged by the characters to speak."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from hearthgate.gateway.endpoints.spec import Endpoint, FieldType
-
-if TYPE_CHECKING:
-    from hearthgate.gateway.parse import ParsedRequest
+from hearthgate.gateway.endpoints.spec import Costed, Endpoint, FieldType
 
 
-def cost(parsed: ParsedRequest) -> tuple[int, int]:
+def cost(parsed: Costed) -> tuple[int, int]:
     text = parsed.body.get("input")
     return (len(text) if isinstance(text, str) else 1), 0
 

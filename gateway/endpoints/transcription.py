@@ -11,20 +11,16 @@ Streamed answers are OpenAI's ``transcription.chunk`` chunks, with a usage chunk
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from hearthgate.gateway.endpoints.chunks import ChunkReader
-from hearthgate.gateway.endpoints.spec import Endpoint
-
-if TYPE_CHECKING:
-    from hearthgate.gateway.parse import ParsedRequest
+from hearthgate.gateway.endpoints.spec import Costed, Endpoint
 
 PROMPT_PER_S = 50  # Whisper's encoder: 1,500 positions per 30 s window
 OUTPUT_PER_S = 4  # about 150 spoken words a minute, with room
 MOST_OUTPUT = 448  # Whisper's decoder length
 
 
-def cost(parsed: ParsedRequest) -> tuple[int, int]:
+def cost(parsed: Costed) -> tuple[int, int]:
     seconds = parsed.audio_s or 0.0
     prompt = PROMPT_PER_S * max(1, math.ceil(seconds))
     output = min(MOST_OUTPUT, 16 + math.ceil(OUTPUT_PER_S * seconds))
