@@ -44,12 +44,12 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from hearthgate.deploy.packaged import find_in_package
 from hearthgate.deploy.server_process import (
     REPO_ROOT,
     ServerProcess,
     WorkerError,
     cpu_set,
-    find_in_package,
     get_json,
     lists_model,
 )

@@ -48,13 +48,13 @@ from pathlib import Path
 from typing import Literal
 
 from hearthgate.deploy import box
+from hearthgate.deploy.packaged import find_in_package
 from hearthgate.deploy.server_process import (
     REPO_ROOT,
     ServerProcess,
     WorkerError,
     _nice_session,
     cpu_set,
-    find_in_package,
     get_json,
     lists_model,
     move_process,
